@@ -1,0 +1,50 @@
+# fglit: `make demo` sets up a local virtual environment and runs the main job;
+# `make test` sets it up and runs every test. Both work from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# Datasets: $FGLIT_DATA if set, else ../shared/datasets when it exists, else fglit's per-user folder.
+SHARED_DATA := $(abspath ../shared/datasets)
+FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
+export FGLIT_DATA
+
+.PHONY: setup demo test test-gpu check-sync docs-proc readme
+
+# torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
+$(BIN)/.installed: settings.ini setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/fglit demo --dataset Cora
+
+# Every test: package/notebook sync, docs processing, the notebooks (nbdev_test), pytest.
+test: setup check-sync docs-proc
+	$(BIN)/nbdev_test --timing
+	$(BIN)/python -m pytest tests -q
+
+# Everything again on a CUDA device, GPU-only cells and tests included (needs a GPU machine).
+test-gpu: setup
+	FGLIT_DEVICE=cuda $(BIN)/nbdev_test --flags "gpu" --timing
+	FGLIT_DEVICE=cuda $(BIN)/python -m pytest tests -q --gpu
+
+# The exported package and README must match the notebooks, and the notebooks must be clean.
+check-sync: setup
+	@tmp=$$(mktemp -d) && cp -r fglit nbs README.md $$tmp/ && \
+	$(BIN)/nbdev_export && $(BIN)/nbdev_clean && $(BIN)/python .ci/nb2readme.py && \
+	if diff -r -x __pycache__ $$tmp/fglit fglit && diff -r $$tmp/nbs nbs && diff $$tmp/README.md README.md; then \
+		echo "check-sync: fglit/, nbs/ and README.md are in sync with the notebooks"; rm -rf $$tmp; \
+	else echo "check-sync: out of sync (the diff above); run nbdev_export, nbdev_clean and .ci/nb2readme.py, then commit"; rm -rf $$tmp; exit 1; fi
+
+# What `nbdev_proc_nbs` does, without its Quarto installer (Quarto cannot be installed offline).
+docs-proc: setup
+	$(BIN)/python .ci/proc_docs.py
+
+readme: setup
+	$(BIN)/python .ci/nb2readme.py

@@ -1,0 +1,47 @@
+"""Packaging for fglit: every setting is read from settings.ini (the nbdev 2 convention)."""
+from configparser import ConfigParser
+from pathlib import Path
+
+import setuptools
+
+here = Path(__file__).parent
+cfg = ConfigParser(delimiters=["="])
+cfg.read(here / "settings.ini", encoding="utf-8")
+cfg = cfg["DEFAULT"]
+
+licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
+statuses = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable", "6 - Mature"]
+lic_name, lic_classifier = licenses[cfg["license"]]
+min_python = cfg["min_python"]
+py_versions = ["3.10", "3.11", "3.12", "3.13"]
+
+readme = here / "README.md"
+setuptools.setup(
+    name=cfg["lib_name"],
+    version=cfg["version"],
+    description=cfg["description"],
+    long_description=readme.read_text(encoding="utf-8") if readme.exists() else cfg["description"],
+    long_description_content_type="text/markdown",
+    author=cfg["author"],
+    author_email=cfg["author_email"],
+    license=lic_name,
+    url=cfg["git_url"],
+    keywords=cfg["keywords"].split(),
+    classifiers=[
+        "Development Status :: " + statuses[int(cfg["status"])],
+        "Intended Audience :: " + cfg["audience"],
+        "License :: " + lic_classifier,
+        "Natural Language :: " + cfg["language"],
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ] + ["Programming Language :: Python :: " + v for v in py_versions[py_versions.index(min_python):]],
+    packages=setuptools.find_packages(include=[cfg["lib_path"], cfg["lib_path"] + ".*"]),
+    include_package_data=True,
+    python_requires=">=" + min_python,
+    install_requires=cfg["requirements"].split(),
+    extras_require={"dev": cfg["dev_requirements"].split()},
+    entry_points={
+        "console_scripts": cfg["console_scripts"].split(),
+        "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],
+    },
+    zip_safe=False,
+)

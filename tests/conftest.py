@@ -1,0 +1,42 @@
+"""Shared fixtures: a private fglit cache per test session, and the shared data root."""
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+@pytest.fixture(scope="session")
+def shared_root() -> Path:
+    "The data root the tests read real datasets from (FGLIT_DATA, else ../shared/datasets)."
+    root = Path(os.environ.get("FGLIT_DATA") or SHARED)
+    if not root.is_dir():
+        pytest.skip(f"no data root at {root}; set FGLIT_DATA")
+    return root
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    "An empty fglit cache for one test."
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FGLIT_CACHE", str(cache))
+    return cache
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gpu", action="store_true", help="also run the tests marked gpu (needs CUDA)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; runs only with --gpu (make test-gpu)")
+    config.addinivalue_line("markers", "slow: long-running")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--gpu"):
+        return
+    skip = pytest.mark.skip(reason="needs --gpu (make test-gpu on a CUDA machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
