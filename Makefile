@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-gpu check-sync docs-proc readme
+.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines
 
 # torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
 $(BIN)/.installed: settings.ini setup.py
@@ -21,8 +21,9 @@ $(BIN)/.installed: settings.ini setup.py
 
 setup: $(BIN)/.installed
 
+# The main job: FedAvg on Cora, Louvain split into 10 clients, 100 rounds; prints per-seed, per-client and byte counts.
 demo: setup
-	$(BIN)/fglit demo --dataset Cora
+	$(BIN)/fglit run fedavg --dataset Cora --partition louvain --clients 10 --rounds 100 --local-epochs 3 --seeds 0 1 2
 
 # Every test: package/notebook sync, docs processing, the notebooks (nbdev_test), pytest.
 test: setup check-sync docs-proc
@@ -48,3 +49,7 @@ docs-proc: setup
 
 readme: setup
 	$(BIN)/python .ci/nb2readme.py
+
+# Long runs whose results are committed (not part of `make test`).
+reproduce-baselines: setup
+	$(BIN)/nbdev_test --flags slow --path nbs/12_compare.ipynb
