@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from fglit.core import cpu_threads, get_device, seed_everything
 from fglit.data import load_dataset
 from fglit.federation import (ConfigError, FedConfig, decode_message, encode_message, flat_state, get_algorithm,
-                              make_config, message_floats, message_nbytes, round_seed, run, simulate, weighted_mean)
+                              make_config, make_optimizer, message_floats, message_nbytes, round_seed, run, simulate, weighted_mean)
 from fglit.models import build_model
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool]
@@ -85,14 +85,14 @@ def cora(shared_root):
 def test_fedavg_one_client_is_centralised_training(cora):
     data, rounds, seed = cora.data, 4, 3
     recorded = []
-    simulate(get_algorithm("fedavg"), [data], "node", cora.num_features, cora.num_classes,
-             make_config(get_algorithm("fedavg").config, {"rounds": rounds, "local_epochs": 1, "model": "gcn"}),
+    config = make_config(get_algorithm("fedavg").config, {"rounds": rounds, "local_epochs": 1, "model": "gcn"})
+    simulate(get_algorithm("fedavg"), [data], "node", cora.num_features, cora.num_classes, config,
              seed=seed, progress=False, callback=lambda r, server, clients: recorded.append(server.params.clone()))
     seed_everything(seed)
     dev = get_device()
     d = data.to(dev)
     model = build_model("gcn", cora.num_features, cora.num_classes, hidden=64, layers=2, dropout=0.5).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    opt = make_optimizer(model, config)
     for step in range(1, rounds + 1):
         torch.manual_seed(round_seed(seed, step, 0))
         model.train(); opt.zero_grad()
@@ -184,3 +184,23 @@ def test_cli_run_bad_input_exit_2(args, message, shared_root):
     out = subprocess.run([str(SCRIPT), *args, "--quiet"], capture_output=True, text=True,
                          env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=300)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and message in out.stderr, out.stderr
+
+
+def test_union_evaluation_equals_per_client_evaluation(cora):
+    """Scoring the global model on the clients' union graph gives each client's own scores."""
+    from fglit.federation import LocalData, NodeUnion, ModelSpec
+    from fglit.metrics import classification_scores
+    from fglit.partition import partition
+    clients = partition(cora, "louvain", 5, seed=0).clients
+    data = [LocalData(c, "node") for c in clients]
+    spec = ModelSpec("gcn", cora.num_features, cora.num_classes, "node", 64, 2, 0.5)
+    seed_everything(0)
+    model = spec.build()
+    union = NodeUnion(data).score(model, cora.num_classes)
+    model.eval()
+    for cid, d in enumerate(data):
+        with torch.no_grad():
+            pred = model(d.graph.x, d.graph.edge_index).argmax(-1)
+        for split in ("val", "test"):
+            ref = classification_scores(d.graph.y[d.masks[split]], pred[d.masks[split]], cora.num_classes)
+            assert union[split][cid] == pytest.approx(ref)

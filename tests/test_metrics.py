@@ -38,3 +38,18 @@ def test_select_round():
     t = pd.DataFrame({"round": [1, 2, 3, 4], "val_accuracy": [0.1, 0.9, 0.9, 0.2]})
     assert select_round(t) == 2 and select_round(t, "last") == 4
     assert select_round(t.assign(val_accuracy=np.nan)) == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.integers(2, 6), st.data())
+def test_grouped_scores_equal_per_group_scores(groups, num_classes, data):
+    from fglit.metrics import grouped_scores
+    n = data.draw(st.integers(0, 50))
+    g = torch.tensor(data.draw(st.lists(st.integers(0, groups - 1), min_size=n, max_size=n)), dtype=torch.long)
+    y = torch.tensor(data.draw(st.lists(st.integers(0, num_classes - 1), min_size=n, max_size=n)), dtype=torch.long)
+    p = torch.tensor(data.draw(st.lists(st.integers(0, num_classes - 1), min_size=n, max_size=n)), dtype=torch.long)
+    for k, s in enumerate(grouped_scores(g, y, p, groups, num_classes)):
+        ref = classification_scores(y[g == k], p[g == k], num_classes)
+        assert s["n"] == ref["n"]
+        for key in ("accuracy", "f1_macro", "f1_macro_present"):
+            assert (np.isnan(s[key]) and np.isnan(ref[key])) or np.isclose(s[key], ref[key])
