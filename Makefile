@@ -37,7 +37,7 @@ test-gpu: setup
 
 # The exported package and README must match the notebooks, and the notebooks must be clean.
 check-sync: setup
-	@tmp=$$(mktemp -d) && cp -r fglit nbs README.md $$tmp/ && \
+	@tmp=$$(mktemp -d) && cp -rL fglit nbs README.md $$tmp/ && \
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean && $(BIN)/python .ci/nb2readme.py && \
 	if diff -r -x __pycache__ $$tmp/fglit fglit && diff -r $$tmp/nbs nbs && diff $$tmp/README.md README.md; then \
 		echo "check-sync: fglit/, nbs/ and README.md are in sync with the notebooks"; rm -rf $$tmp; \

@@ -9,9 +9,9 @@ cfg = ConfigParser(delimiters=["="])
 cfg.read(here / "settings.ini", encoding="utf-8")
 cfg = cfg["DEFAULT"]
 
-licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
+licenses = {"apache2": "Apache-2.0"}   # SPDX expression
 statuses = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable", "6 - Mature"]
-lic_name, lic_classifier = licenses[cfg["license"]]
+license_expression = licenses[cfg["license"]]
 min_python = cfg["min_python"]
 py_versions = ["3.10", "3.11", "3.12", "3.13"]
 
@@ -24,13 +24,12 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     author=cfg["author"],
     author_email=cfg["author_email"],
-    license=lic_name,
+    license=license_expression,
     url=cfg["git_url"],
     keywords=cfg["keywords"].split(),
     classifiers=[
         "Development Status :: " + statuses[int(cfg["status"])],
         "Intended Audience :: " + cfg["audience"],
-        "License :: " + lic_classifier,
         "Natural Language :: " + cfg["language"],
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ] + ["Programming Language :: Python :: " + v for v in py_versions[py_versions.index(min_python):]],

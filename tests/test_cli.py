@@ -46,3 +46,28 @@ def test_stats_measures_a_dataset(shared_root):
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)
     assert row["graphs"] == 188 and row["classes"] == 2
+
+
+@pytest.mark.parametrize("dataset, method, extra, unit", [
+    ("Cora", "louvain+", [], "nodes"),
+    ("NCI1", "dirichlet", ["--set", "alpha=0.5"], "graphs"),
+])
+def test_partition_json_for_node_and_graph_datasets(dataset, method, extra, unit, shared_root):
+    out = fglit("partition", "--dataset", dataset, "--method", method, "--clients", "5", "--seed", "0", "--json", *extra,
+                env={"FGLIT_DATA": str(shared_root)})
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["client"] for r in rows] == list(range(5))
+    for key in ("client", "nodes", "edges", "label_counts", "train", "val", "test"):
+        assert all(key in r for r in rows), key
+    total = sum(r["graphs"] if unit == "graphs" else r["nodes"] for r in rows)
+    assert total == (4110 if unit == "graphs" else 2708)          # both methods cover every item
+    assert all(r["train"] + r["val"] + r["test"] == (r["graphs"] if unit == "graphs" else r["nodes"]) for r in rows)
+
+
+def test_partition_bad_parameter_exit_2(shared_root):
+    out = fglit("partition", "--dataset", "Cora", "--method", "dirichlet", "--clients", "5", "--set", "alpha=-1",
+                env={"FGLIT_DATA": str(shared_root)})
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "alpha" in out.stderr
+    out = fglit("partition", "--dataset", "Cora", "--method", "spectral", "--clients", "5", env={"FGLIT_DATA": str(shared_root)})
+    assert out.returncode == 2 and "spectral" in out.stderr
