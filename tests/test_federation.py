@@ -204,3 +204,13 @@ def test_union_evaluation_equals_per_client_evaluation(cora):
         for split in ("val", "test"):
             ref = classification_scores(d.graph.y[d.masks[split]], pred[d.masks[split]], cora.num_classes)
             assert union[split][cid] == pytest.approx(ref)
+
+
+def test_progress_bars_rounds_clients_and_silence(cora, monkeypatch, capsys):
+    import fglit.federation as fed
+    monkeypatch.setattr(fed, "SLOW_ROUND_S", 0.0)            # every round counts as slow
+    run("fedavg", cora, "louvain", 3, rounds=2, local_epochs=1, progress=True)
+    err = capsys.readouterr().err
+    assert "fedavg Cora seed 0" in err and "round 2: clients" in err and "val=" in err
+    run("fedavg", cora, "louvain", 3, rounds=2, local_epochs=1, progress=False)
+    assert capsys.readouterr().err == ""
