@@ -417,6 +417,11 @@ def round_seed(seed: int, rnd: int, cid: int) -> int:
     "The torch seed of client `cid`'s local step in round `rnd` of a run seeded with `seed`."
     return int(np.random.SeedSequence([seed, rnd, cid]).generate_state(1)[0])
 
+def _round_accuracy(scored: list, split: str, weighting: str) -> float:
+    "Client-averaged accuracy on `split` from one round's `(client, split, scores)` rows."
+    rows = [s for _, sp, s in scored if sp == split]
+    return client_average([s["accuracy"] for s in rows], [s["n"] for s in rows], weighting)
+
 def _progress_enabled(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else bool(progress)
 
@@ -492,22 +497,21 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
         if callback is not None:
             callback(rnd, server, clients)
         if rnd % config.eval_every == 0 or rnd == config.rounds:
+            scored = []     # this round's rows: (client, split, scores)
             shared = server.shared_evaluation_message() if config.evaluation == "global" and task == "node" else None
             if shared is not None:
                 if union is None:
                     union, union_model = NodeUnion(data), spec.build()
                 load_flat_state(union_model, shared["params"])
                 for split, per_client in union.score(union_model, num_classes).items():
-                    history.extend(dict(round=rnd, client=cid, split=split, **s) for cid, s in enumerate(per_client))
+                    scored.extend((cid, split, s) for cid, s in enumerate(per_client))
             else:
                 for client in clients:
                     message = server.evaluation_message(client.cid) if config.evaluation == "global" else None
                     for split, (y, pred) in client.predict(client.evaluation_model(message)).items():
-                        history.append(dict(round=rnd, client=client.cid, split=split, **classification_scores(y, pred, num_classes)))
-            last = [h for h in history if h["round"] == rnd]
-            val = client_average([h["accuracy"] for h in last if h["split"] == "val"], [h["n"] for h in last if h["split"] == "val"], config.weighting)
-            test = client_average([h["accuracy"] for h in last if h["split"] == "test"], [h["n"] for h in last if h["split"] == "test"], config.weighting)
-            bar.set_postfix(val=f"{val:.4f}", test=f"{test:.4f}")
+                        scored.append((client.cid, split, classification_scores(y, pred, num_classes)))
+            history.extend(dict(round=rnd, client=cid, split=split, **s) for cid, split, s in scored)
+            bar.set_postfix({split: f"{_round_accuracy(scored, split, config.weighting):.4f}" for split in ("val", "test")})
     bar.close()
     return SeedRun(seed, pd.DataFrame(history), pd.DataFrame(comm, columns=["round", "client", "direction", "bytes", "floats"]),
                    time.perf_counter() - start, config.weighting, config.selection)

@@ -908,6 +908,8 @@ def partition(dataset, method: str, num_clients: int, seed: int = 0, *, cache: b
 def _undirected_count(edge_index: torch.Tensor, num_nodes: int) -> int:
     return len(_simple_edges(edge_index.numpy(), max(int(num_nodes), 1))[0]) if edge_index.numel() else 0
 
+from .data import edge_homophily
+
 def partition_report(p: Partition) -> pd.DataFrame:
     "One row per client: size, edges, label histogram, homophily, share of the dataset, split counts."
     rows, C = [], p.num_classes
@@ -918,9 +920,8 @@ def partition_report(p: Partition) -> pd.DataFrame:
         row = dict(client=i)
         if p.task == "node":
             ei = c.edge_index
-            same = (c.y[ei[0]] == c.y[ei[1]]).float().mean().item() if ei.size(1) else float("nan")
             row.update(nodes=int(c.num_nodes), edges=_undirected_count(ei, c.num_nodes), directed_edges=int(ei.size(1)),
-                       homophily=same, share=c.num_nodes / p.num_items)
+                       homophily=edge_homophily(ei, c.y), share=c.num_nodes / p.num_items)
         else:
             ids = c.global_id.numpy()
             row.update(graphs=len(ids), nodes=int(nodes_per[ids].sum()), edges=int(edges_per[ids].sum()) // 2,
