@@ -21,10 +21,10 @@ from .core import get_device, seed_everything
 
 # %% auto #0
 __all__ = ['POOLS', 'TASKS', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head',
-           'GraphModel', 'adjacency', 'propagate_hops', 'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCN',
-           'GraphSAGE', 'SparseGINConv', 'GIN', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder',
-           'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP',
-           'build_model', 'train_node_classifier']
+           'GraphModel', 'adjacency', 'propagate_hops', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder',
+           'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GAT', 'MLPEncoder',
+           'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
+           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model', 'train_node_classifier']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
@@ -42,8 +42,9 @@ def _check_dropout(p) -> float:
     return float(p)
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    "Inverted dropout; a sparse CSR `x` drops stored entries only; on CPU drawn with `rand_like` (2× faster than `F.dropout`)."
+    "Inverted dropout; a sparse CSR `x` (or `SparseOperand`) drops stored entries only; on CPU drawn with `rand_like` (2× faster than `F.dropout`)."
     if not training or p == 0.0: return x
+    if isinstance(x, SparseOperand): return x.with_values(dropout(x.matrix.values(), p, True))
     if x.layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), dropout(x.values(), p, True), x.shape,
                                        check_invariants=False)
@@ -115,6 +116,57 @@ def propagate_hops(x: Tensor, edge_index: Tensor, K: int) -> list[Tensor]:
     for _ in range(K): hops.append(adj @ hops[-1])
     return hops
 
+class SparseOperand:
+    "A constant sparse CSR matrix plus the structure of its transpose, so that `spmm` backpropagates without re-sorting."
+    __slots__ = ("matrix", "_t_crow", "_t_col", "_perm", "_t")
+
+    def __init__(self, matrix: Tensor, transpose: tuple[Tensor, Tensor, Tensor] | None = None):
+        if matrix.layout != torch.sparse_csr: raise ValueError(f"SparseOperand needs a sparse CSR matrix, got {matrix.layout}")
+        self.matrix, self._t = matrix, None
+        if transpose is None:                      # CSR of the transpose = entries sorted by (column, row)
+            crow, col = matrix.crow_indices(), matrix.col_indices()
+            n, m = matrix.shape
+            row = torch.repeat_interleave(torch.arange(n, device=col.device, dtype=col.dtype), crow.diff())
+            perm = torch.argsort(col * n + row)
+            t_crow = torch.zeros(m + 1, dtype=crow.dtype, device=crow.device)
+            t_crow[1:] = torch.bincount(col, minlength=m).cumsum(0)
+            transpose = (t_crow, row[perm], perm)
+        self._t_crow, self._t_col, self._perm = transpose
+
+    @property
+    def shape(self) -> torch.Size: return self.matrix.shape
+
+    @property
+    def T(self) -> Tensor:
+        "The transpose as a sparse CSR tensor (built once from the stored structure)."
+        if self._t is None:
+            n, m = self.matrix.shape
+            self._t = torch.sparse_csr_tensor(self._t_crow, self._t_col, self.matrix.values()[self._perm], (m, n),
+                                              check_invariants=False)
+        return self._t
+
+    def with_values(self, values: Tensor) -> "SparseOperand":
+        "Same sparsity pattern, new stored values (dropout): shares the transpose structure."
+        m = self.matrix
+        return SparseOperand(torch.sparse_csr_tensor(m.crow_indices(), m.col_indices(), values, m.shape,
+                                                     check_invariants=False), (self._t_crow, self._t_col, self._perm))
+
+    def __repr__(self): return f"SparseOperand(shape={tuple(self.shape)}, nnz={self.matrix.values().numel()})"
+
+class _SparseTimesDense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dense: Tensor, op: SparseOperand) -> Tensor:
+        ctx.op = op
+        return torch.sparse.mm(op.matrix, dense)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return torch.sparse.mm(ctx.op.T, grad), None
+
+def spmm(op: SparseOperand, dense: Tensor) -> Tensor:
+    "`op.matrix @ dense`, differentiable in `dense` (the sparse values are constants); the backward uses the stored transpose."
+    return _SparseTimesDense.apply(dense, op)
+
 class GraphCache:
     "LRU of parameter-free graph preprocessing, keyed on the identity (pointer, version, shape, stride, dtype, device) of its inputs."
     def __init__(self, maxsize: int = 32):
@@ -172,6 +224,18 @@ class CachedEncoder(nn.Module):
         n, dt = x.size(0), x.dtype
         return self.cache.get((edge_index,), lambda: adjacency(edge_index, n, kind, dt), extra=(n, kind, dt))
 
+    def input_operand(self, x: Tensor) -> Tensor | SparseOperand:
+        "`input_view(x)` wrapped as a cached `SparseOperand` when it is sparse, else the dense `x`."
+        v = self.input_view(x)
+        if v.layout != torch.sparse_csr: return v
+        return self.cache.get((x,), lambda: SparseOperand(v), extra=("sparse_operand",))
+
+    def adjacency_operand(self, x: Tensor, edge_index: Tensor, kind: str = "gcn") -> SparseOperand:
+        "The cached adjacency as a `SparseOperand` (for `spmm`)."
+        n, dt = x.size(0), x.dtype
+        return self.cache.get((edge_index,), lambda: SparseOperand(adjacency(edge_index, n, kind, dt)),
+                              extra=(n, kind, dt, "operand"))
+
 # %% ../nbs/02_models.ipynb #b56da519
 def _dims(in_dim, hidden, layers):
     dims = [_check_dim("in_dim", in_dim)] + [_check_dim("hidden", hidden)] * _check_dim("layers", layers)
@@ -192,12 +256,36 @@ class ConvEncoder(CachedEncoder):
             x = self.act(conv(dropout(x, self.dropout, self.training), graph))
         return x
 
+class GCNLayer(nn.Module):
+    "One GCN layer $\\hat A H W + b$ on `SparseOperand`s; `weight` is `[in, out]` (Glorot-uniform), `bias` starts at 0, as PyG's `GCNConv`."
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(_check_dim("in_dim", in_dim), _check_dim("out_dim", out_dim)))
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+        nn.init.xavier_uniform_(self.weight)
+
+    def forward(self, x: Tensor | SparseOperand, adj: SparseOperand) -> Tensor:
+        h = spmm(x, self.weight) if isinstance(x, SparseOperand) else x @ self.weight
+        return spmm(adj, h) + self.bias
+
+    def extra_repr(self) -> str: return f"{self.weight.size(0)}, {self.weight.size(1)}"
+
+class GCNEncoder(ConvEncoder):
+    "`GCNLayer`s on the cached `gcn` adjacency and (sparse) input as `SparseOperand`s."
+    def __init__(self, in_dim: int, hidden: int, layers: int, dropout: float = 0.5, cache_size: int = 32):
+        super().__init__([GCNLayer(a, b) for a, b in _dims(in_dim, hidden, layers)], dropout, F.relu, "gcn", cache_size)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        adj, h = self.adjacency_operand(x, edge_index, "gcn"), self.input_operand(x)
+        for conv in self.convs:
+            h = self.act(conv(dropout(h, self.dropout, self.training), adj))
+        return h
+
 class GCN(GraphModel):
     "Graph Convolutional Network (Kipf & Welling, ICLR 2017)."
     def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 2, dropout: float = 0.5,
                  task: str = "node", pool: str | None = None):
-        convs = [GCNConv(a, b, normalize=False) for a, b in _dims(in_dim, hidden, layers)]
-        super().__init__(ConvEncoder(convs, dropout, F.relu, "gcn"), hidden, num_classes, task, pool, dropout)
+        super().__init__(GCNEncoder(in_dim, hidden, layers, dropout), hidden, num_classes, task, pool, dropout)
 
 class GraphSAGE(GraphModel):
     "GraphSAGE (Hamilton et al., NeurIPS 2017) with the mean (default) or sum aggregator."

@@ -317,3 +317,51 @@ def test_train_node_classifier_learns_a_separable_task():
         assert {"train_acc", "val_acc", "test_acc", "val_loss", "epoch", "seconds"} <= set(res)
         assert 1 <= res["epoch"] <= 30 and res["test_acc"] > 0.9, (name, res)
     with pytest.raises(ValueError): train_node_classifier(build_model("MLP", 8, 2), data, epochs=0)
+
+
+# ---------------------------------------------------------------- SparseOperand / spmm / GCNLayer
+from hypothesis import given, settings, strategies as st
+
+from fglit.models import GCNLayer, SparseOperand, spmm
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), m=st.integers(1, 12), density=st.floats(0.0, 1.0), seed=st.integers(0, 10_000))
+def test_sparse_operand_transpose_and_gradient(n, m, density, seed):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(n, m, generator=g) * (torch.rand(n, m, generator=g) < density)
+    op = SparseOperand(dense.to_sparse_csr())
+    assert torch.equal(op.T.to_dense(), dense.T)                         # the stored transpose is the transpose
+    new_values = torch.randn(op.matrix.values().shape, generator=g)
+    op2 = op.with_values(new_values)                                     # same pattern, new values, same structure
+    assert torch.equal(op2.T.to_dense(), op2.matrix.to_dense().T)
+    b = torch.randn(m, 3, generator=g, requires_grad=True)
+    out = spmm(op2, b)
+    assert torch.allclose(out, op2.matrix.to_dense() @ b, atol=1e-5)
+    w = torch.randn(n, 3, generator=g)
+    grad, = torch.autograd.grad((out * w).sum(), b)
+    assert torch.allclose(grad, op2.matrix.to_dense().T @ w, atol=1e-5)
+
+
+def test_sparse_operand_rejects_dense():
+    with pytest.raises(ValueError):
+        SparseOperand(torch.eye(3))
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_gcn_layer_equals_pyg_gcnconv(sparse):
+    from torch_geometric.nn import GCNConv
+    from fglit.models import CachedEncoder
+    seed_everything(0)
+    x, ei, _ = random_graph(sparse=sparse)
+    layer, ref = GCNLayer(x.size(1), 5), GCNConv(x.size(1), 5)
+    with torch.no_grad():
+        ref.lin.weight.copy_(layer.weight.T); layer.bias.copy_(torch.randn(5)); ref.bias.copy_(layer.bias)
+    enc = CachedEncoder()
+    xin = enc.input_operand(x)
+    assert isinstance(xin, SparseOperand) == sparse
+    out, out_ref = layer(xin, enc.adjacency_operand(x, ei)), ref(x, ei)
+    assert torch.allclose(out, out_ref, atol=1e-5)
+    g = torch.autograd.grad(out.square().sum(), [layer.weight, layer.bias])
+    g_ref = torch.autograd.grad(out_ref.square().sum(), [ref.lin.weight, ref.bias])
+    assert torch.allclose(g[0], g_ref[0].T, atol=1e-4) and torch.allclose(g[1], g_ref[1], atol=1e-4)
