@@ -19,7 +19,8 @@ class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['UsageError', 'cmd_datasets', 'parse_settings', 'cmd_partition', 'cmd_run', 'cmd_demo', 'build_parser', 'main']
+__all__ = ['REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings', 'cmd_partition', 'cmd_run', 'cmd_demo',
+           'cmd_reproduce', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -117,6 +118,36 @@ def cmd_demo(args) -> int:
           f"best val acc {result['val_acc']:.4f}, test acc {result['test_acc']:.4f}, {time.perf_counter() - start:.1f}s")
     return 0
 
+REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, default CSV)
+    "opfgl": ("fglit.opfgl_results", "opfgl_experiments", "results/opfgl/runs.csv"),
+}
+
+def cmd_reproduce(args) -> int:
+    "Run (or resume) a paper's reproduction grid and print our numbers beside the paper's."
+    import importlib
+    if args.paper not in REPRODUCTIONS:
+        raise UsageError(f"unknown paper {args.paper!r}; allowed: {', '.join(REPRODUCTIONS)}")
+    module_name, grid_name, default_out = REPRODUCTIONS[args.paper]
+    module = importlib.import_module(module_name)
+    grid = getattr(module, grid_name)
+    kwargs = {k: tuple(v) for k, v in (("tables", args.tables), ("datasets", args.datasets)) if v}
+    try:
+        experiments = grid(**kwargs)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
+    results = module.reproduce(experiments, seeds=tuple(args.seeds), out=args.out or default_out, jobs=args.jobs,
+                               quick=args.quick, progress=not args.quiet)
+    keys = {e.key(s) for e in experiments for s in args.seeds}
+    mine = results[[tuple(r) in keys for r in results[["table", "dataset", "partition", "clients", "method", "note", "seed"]].itertuples(index=False)]]
+    table = module.side_by_side(mine)
+    if args.json:
+        print(table.to_json(orient="records"))
+    else:
+        with pd.option_context("display.width", 200, "display.max_rows", None):
+            print(table.round(2).to_string(index=False))
+    return 0
+
 # %% ../nbs/06_cli.ipynb #3f9c2ef5
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fglit", description="fglit: federated graph learning, reproduced.")
@@ -156,6 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("reproduce", help="run (or resume) a paper's reproduction grid; results CSV + side-by-side table")
+    p.add_argument("paper", help=", ".join(REPRODUCTIONS))
+    p.add_argument("--tables", nargs="+", help="which tables/figures (default: all of the paper's grid)")
+    p.add_argument("--datasets", nargs="+", help="datasets for the tables that take them (default: the offline ones)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; each uses one CPU thread)")
+    p.add_argument("--out", help="results CSV, appended to and resumed from (default: results/<paper>/runs.csv)")
+    p.add_argument("--quick", action="store_true", help="shortened schedules (a smoke test, not a reproduction)")
+    p.add_argument("--json", action="store_true", help="print the side-by-side table as JSON records")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_reproduce)
     return parser
 
 def main(argv: list[str] | None = None) -> int:

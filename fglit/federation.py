@@ -245,10 +245,21 @@ class ModelSpec:
     hidden: int
     layers: int
     dropout: float
+    options: tuple = ()            # extra model arguments as (name, value) pairs, e.g. (("K", 4),)
 
     def build(self) -> nn.Module:
         return build_model(self.name, self.in_dim, self.num_classes, task=self.task, hidden=self.hidden,
-                           layers=self.layers, dropout=self.dropout).to(get_device())
+                           layers=self.layers, dropout=self.dropout, **dict(self.options)).to(get_device())
+
+    def replace(self, **changes) -> "ModelSpec":
+        "A copy with some fields changed (`options` given as a dict or pairs)."
+        if isinstance(changes.get("options"), dict): changes["options"] = tuple(sorted(changes["options"].items()))
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        "A short readable name: `GCN(2x64)`, `SGC(K=4)`..."
+        opts = ", ".join(f"{k}={v}" for k, v in self.options)
+        return f"{self.name}({self.layers}x{self.hidden}{', ' + opts if opts else ''})"
 
 def make_optimizer(model: nn.Module, config: FedConfig) -> torch.optim.Optimizer:
     "The local optimizer: Adam or SGD, fused (one kernel for all parameters: 3x faster steps on the CPU here)."
@@ -384,13 +395,19 @@ class Algorithm:
     config: type
     paper: str = ""
     sums_only: bool = True
+    dataset_defaults: Callable[[str, str], dict] | None = None   # (dataset, partition) -> settings
+
+    def defaults_for(self, dataset: str, partition: str) -> dict:
+        "The paper's settings for this dataset and partition (the config's defaults otherwise)."
+        return dict(self.dataset_defaults(dataset, partition)) if self.dataset_defaults else {}
 
 ALGORITHMS: dict[str, Algorithm] = {}
-ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes")
+ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl")
 
-def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True) -> Algorithm:
+def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
+                       dataset_defaults: Callable[[str, str], dict] | None = None) -> Algorithm:
     "Make an algorithm available to `run` and the CLI under `name`."
-    algo = Algorithm(name.lower(), client, server, config, paper, sums_only)
+    algo = Algorithm(name.lower(), client, server, config, paper, sums_only, dataset_defaults)
     ALGORITHMS[algo.name] = algo
     return algo
 
@@ -604,7 +621,8 @@ def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, 
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(config_keys))}; "
                           f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
-    config = make_config(algo.config, {k: v for k, v in settings.items() if k in config_keys})
+    defaults = {k: v for k, v in algo.defaults_for(ds.name, partition).items() if k in config_keys}
+    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
     if config.model is None:
         config.model = "gcn" if ds.task == "node" else "gin"
     try:

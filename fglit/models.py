@@ -75,16 +75,18 @@ class GraphModel(nn.Module):
         self.num_classes = _check_dim("num_classes", num_classes)
         self.encoder, self.head = encoder, Head(embedding_dim, num_classes, head_dropout)
 
-    def encode(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
-        "Node embeddings `[N, d]` (node task) or pooled graph embeddings `[B, d]` (graph task)."
-        h = self.encoder(x, edge_index)
+    def encode(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None,
+               edge_weight: Tensor | None = None) -> Tensor:
+        "Node embeddings `[N, d]` (node task) or pooled graph embeddings `[B, d]` (graph task); `edge_weight` optional."
+        h = self.encoder(x, edge_index) if edge_weight is None else self.encoder(x, edge_index, edge_weight)
         if self.task == "node": return h
         if batch is None: batch = torch.zeros(h.size(0), dtype=torch.long, device=h.device)
         return POOLS[self.pool](h, batch)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
-        "Logits: `head(encode(x, edge_index, batch))`."
-        return self.head(self.encode(x, edge_index, batch))
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None,
+                edge_weight: Tensor | None = None) -> Tensor:
+        "Logits: `head(encode(x, edge_index, batch, edge_weight))`."
+        return self.head(self.encode(x, edge_index, batch, edge_weight))
 
     def extra_repr(self) -> str: return f"task={self.task!r}, pool={self.pool!r}, embedding_dim={self.embedding_dim}"
 
@@ -96,12 +98,15 @@ def _to_csr(t: Tensor) -> Tensor:
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
         return t.to_sparse_csr()
 
-def adjacency(edge_index: Tensor, num_nodes: int, kind: str = "gcn", dtype: torch.dtype = torch.float32) -> Tensor:
-    "Sparse CSR adjacency with rows = targets: `gcn` ($\\tilde D^{-1/2}(A+I)\\tilde D^{-1/2}$, as `GCNConv`), `mean` ($D^{-1}A$) or `sum` ($A$)."
+def adjacency(edge_index: Tensor, num_nodes: int, kind: str = "gcn", dtype: torch.dtype = torch.float32,
+              edge_weight: Tensor | None = None) -> Tensor:
+    "Sparse CSR adjacency with rows = targets: `gcn` ($\\tilde D^{-1/2}(A+I)\\tilde D^{-1/2}$, as `GCNConv`), `mean` ($D^{-1}A$) or `sum` ($A$); weighted by `edge_weight` if given."
+    if edge_weight is not None: edge_weight = edge_weight.to(dtype)
     if kind == "gcn":
-        ei, w = gcn_norm(edge_index, None, num_nodes, add_self_loops=True, dtype=dtype)
+        ei, w = gcn_norm(edge_index, edge_weight, num_nodes, add_self_loops=True, dtype=dtype)
     elif kind in ("mean", "sum"):
-        ei, w = edge_index, torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device)
+        ei = edge_index
+        w = torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device) if edge_weight is None else edge_weight
         if kind == "mean":
             deg = torch.zeros(num_nodes, dtype=dtype, device=w.device).index_add_(0, ei[1], w)
             w = w / deg[ei[1]]
@@ -110,9 +115,9 @@ def adjacency(edge_index: Tensor, num_nodes: int, kind: str = "gcn", dtype: torc
     adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), w, (num_nodes, num_nodes), check_invariants=False)
     return _to_csr(adj.coalesce())
 
-def propagate_hops(x: Tensor, edge_index: Tensor, K: int) -> list[Tensor]:
+def propagate_hops(x: Tensor, edge_index: Tensor, K: int, edge_weight: Tensor | None = None) -> list[Tensor]:
     "`[X, ÂX, Â²X, ..., Â^K X]` with the `gcn` adjacency: K sparse-dense products."
-    adj, hops = adjacency(edge_index, x.size(0), "gcn", x.dtype), [x]
+    adj, hops = adjacency(edge_index, x.size(0), "gcn", x.dtype, edge_weight), [x]
     for _ in range(K): hops.append(adj @ hops[-1])
     return hops
 
@@ -197,6 +202,9 @@ class GraphCache:
     def __setstate__(self, state): self.__init__(state["maxsize"])
     def __repr__(self): return f"GraphCache(entries={len(self)}, hits={self.hits}, misses={self.misses})"
 
+def _graph_tensors(edge_index: Tensor, edge_weight: Tensor | None) -> tuple[Tensor, ...]:
+    return (edge_index,) if edge_weight is None else (edge_index, edge_weight)
+
 SPARSE_INPUT_DENSITY = 0.1
 
 def _sparsify(x: Tensor) -> Tensor:
@@ -219,10 +227,11 @@ class CachedEncoder(nn.Module):
             return x
         return self.cache.get((x,), lambda: _sparsify(x), extra=("sparse_input",))
 
-    def adjacency(self, x: Tensor, edge_index: Tensor, kind: str = "gcn") -> Tensor:
-        "The cached CSR adjacency of `edge_index` over `x.size(0)` nodes."
+    def adjacency(self, x: Tensor, edge_index: Tensor, kind: str = "gcn", edge_weight: Tensor | None = None) -> Tensor:
+        "The cached CSR adjacency of `edge_index` (weighted by `edge_weight`) over `x.size(0)` nodes."
         n, dt = x.size(0), x.dtype
-        return self.cache.get((edge_index,), lambda: adjacency(edge_index, n, kind, dt), extra=(n, kind, dt))
+        return self.cache.get(_graph_tensors(edge_index, edge_weight), lambda: adjacency(edge_index, n, kind, dt, edge_weight),
+                              extra=(n, kind, dt))
 
     def input_operand(self, x: Tensor) -> Tensor | SparseOperand:
         "`input_view(x)` wrapped as a cached `SparseOperand` when it is sparse, else the dense `x`."
@@ -230,11 +239,12 @@ class CachedEncoder(nn.Module):
         if v.layout != torch.sparse_csr: return v
         return self.cache.get((x,), lambda: SparseOperand(v), extra=("sparse_operand",))
 
-    def adjacency_operand(self, x: Tensor, edge_index: Tensor, kind: str = "gcn") -> SparseOperand:
+    def adjacency_operand(self, x: Tensor, edge_index: Tensor, kind: str = "gcn",
+                          edge_weight: Tensor | None = None) -> SparseOperand:
         "The cached adjacency as a `SparseOperand` (for `spmm`)."
         n, dt = x.size(0), x.dtype
-        return self.cache.get((edge_index,), lambda: SparseOperand(adjacency(edge_index, n, kind, dt)),
-                              extra=(n, kind, dt, "operand"))
+        return self.cache.get(_graph_tensors(edge_index, edge_weight),
+                              lambda: SparseOperand(adjacency(edge_index, n, kind, dt, edge_weight)), extra=(n, kind, dt, "operand"))
 
 # %% ../nbs/02_models.ipynb #b56da519
 def _dims(in_dim, hidden, layers):
@@ -249,8 +259,10 @@ class ConvEncoder(CachedEncoder):
         if adj is not None and adj not in ADJACENCY_KINDS: raise ValueError(f"adj must be None or one of {ADJACENCY_KINDS}")
         self.convs, self.dropout, self.act, self.adj = nn.ModuleList(convs), _check_dropout(dropout), act, adj
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        graph = edge_index if self.adj is None else self.adjacency(x, edge_index, self.adj)
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        if self.adj is None and edge_weight is not None:
+            raise NotImplementedError(f"{type(self.convs[0]).__name__} layers take no edge weights")
+        graph = edge_index if self.adj is None else self.adjacency(x, edge_index, self.adj, edge_weight)
         x = self.input_view(x)
         for i, conv in enumerate(self.convs):
             x = self.act(conv(dropout(x, self.dropout, self.training), graph))
@@ -275,8 +287,8 @@ class GCNEncoder(ConvEncoder):
     def __init__(self, in_dim: int, hidden: int, layers: int, dropout: float = 0.5, cache_size: int = 32):
         super().__init__([GCNLayer(a, b) for a, b in _dims(in_dim, hidden, layers)], dropout, F.relu, "gcn", cache_size)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        adj, h = self.adjacency_operand(x, edge_index, "gcn"), self.input_operand(x)
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        adj, h = self.adjacency_operand(x, edge_index, "gcn", edge_weight), self.input_operand(x)
         for conv in self.convs:
             h = self.act(conv(dropout(h, self.dropout, self.training), adj))
         return h
@@ -337,7 +349,7 @@ class MLPEncoder(CachedEncoder):
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in _dims(in_dim, hidden, layers))
         self.dropout, self.act, self.input_dropout = _check_dropout(dropout), act, input_dropout
 
-    def forward(self, x: Tensor, edge_index: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, edge_weight: Tensor | None = None) -> Tensor:
         x = self.input_view(x)
         for i, lin in enumerate(self.lins):
             x = lin(dropout(x, self.dropout, self.training) if i or self.input_dropout else x)
@@ -358,8 +370,8 @@ class APPNPEncoder(CachedEncoder):
         if not 0.0 < alpha <= 1.0: raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         self.mlp, self.prop = MLPEncoder(in_dim, hidden, layers, dropout), APPNPProp(_check_dim("K", K), alpha, normalize=False)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return self.prop(self.mlp(x), self.adjacency(x, edge_index))
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        return self.prop(self.mlp(x), self.adjacency(x, edge_index, "gcn", edge_weight))
 
 class APPNP(GraphModel):
     "Predict-then-propagate with personalised PageRank (Gasteiger et al., ICLR 2019)."
@@ -378,8 +390,8 @@ class GCNIIEncoder(CachedEncoder):
                                    for l in range(_check_dim("layers", layers)))
         self.dropout = _check_dropout(dropout)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        adj = self.adjacency(x, edge_index)
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        adj = self.adjacency(x, edge_index, "gcn", edge_weight)
         h = h0 = F.relu(self.lin(dropout(self.input_view(x), self.dropout, self.training)))
         for conv in self.convs:
             h = F.relu(conv(dropout(h, self.dropout, self.training), h0, adj))
@@ -394,12 +406,13 @@ class GCNII(GraphModel):
 # %% ../nbs/02_models.ipynb #d3591ee8
 class PrecomputedEncoder(CachedEncoder):
     "Base for encoders whose graph step is a parameter-free `precompute(x, edge_index)`, cached per graph."
-    def precompute(self, x: Tensor, edge_index: Tensor) -> Tensor:
+    def precompute(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
         raise NotImplementedError
 
-    def features(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        "The propagated features, computed once per (x, edge_index)."
-        return self.cache.get((x, edge_index), lambda: self.precompute(x, edge_index), extra=("features",))
+    def features(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        "The propagated features, computed once per (x, edge_index, edge_weight)."
+        return self.cache.get((x,) + _graph_tensors(edge_index, edge_weight),
+                              lambda: self.precompute(x, edge_index, edge_weight), extra=("features",))
 
 class SGCEncoder(PrecomputedEncoder):
     "Cached $\\hat A^K X$ (or, given `alpha`, SSGC's averaged powers), then linear layers to `hidden` channels."
@@ -410,13 +423,13 @@ class SGCEncoder(PrecomputedEncoder):
         self.K, self.alpha = _check_dim("K", K), alpha
         self.mlp = MLPEncoder(in_dim, hidden, layers, dropout, act=None)
 
-    def precompute(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        hops = propagate_hops(x, edge_index, self.K)
+    def precompute(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        hops = propagate_hops(x, edge_index, self.K, edge_weight)
         if self.alpha is None: return hops[-1]                                         # SGC
         return (1 - self.alpha) * torch.stack(hops[1:]).mean(0) + self.alpha * x       # SSGC
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return self.mlp(self.features(x, edge_index))
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        return self.mlp(self.features(x, edge_index, edge_weight))
 
 class SGC(GraphModel):
     "Simplified Graph Convolution (Wu et al., ICML 2019): a linear model on cached $\\hat A^K X$."
@@ -440,12 +453,12 @@ class SIGNEncoder(PrecomputedEncoder):
         self.mix = nn.ModuleList(nn.Linear(a, b) for a, b in _dims((K + 1) * hidden, hidden, layers))
         self.dropout = _check_dropout(dropout)
 
-    def precompute(self, x: Tensor, edge_index: Tensor) -> list[Tensor]:
+    def precompute(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> list[Tensor]:
         "The K+1 hops, each stored sparse when sparse enough (low hops of bag-of-words features are)."
-        return [_sparsify(h) if self.sparse_input else h for h in propagate_hops(x, edge_index, self.K)]
+        return [_sparsify(h) if self.sparse_input else h for h in propagate_hops(x, edge_index, self.K, edge_weight)]
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        z = F.relu(torch.cat([lin(h) for lin, h in zip(self.inception, self.features(x, edge_index))], -1))
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        z = F.relu(torch.cat([lin(h) for lin, h in zip(self.inception, self.features(x, edge_index, edge_weight))], -1))
         for lin in self.mix: z = F.relu(lin(dropout(z, self.dropout, self.training)))
         return z
 
@@ -460,16 +473,16 @@ class GAMLPEncoder(PrecomputedEncoder):
         self.mlp.sparse_input = False              # its input is recomputed every forward: nothing to cache
         self.dropout = _check_dropout(dropout)
 
-    def precompute(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        return torch.stack(propagate_hops(x, edge_index, self.K), 1)      # [N, K+1, F]
+    def precompute(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        return torch.stack(propagate_hops(x, edge_index, self.K, edge_weight), 1)      # [N, K+1, F]
 
     def attention(self, hops: Tensor) -> Tensor:
         "Per-node hop weights `[N, K+1]`, rows summing to 1."
         ref = dropout(F.relu(self.ref(hops.flatten(1))), self.dropout, self.training)   # [N, hidden]
         return torch.sigmoid(self.score_x(hops).squeeze(-1) + self.score_ref(ref)).softmax(-1)
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        hops = self.features(x, edge_index)
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        hops = self.features(x, edge_index, edge_weight)
         mixed = torch.bmm(self.attention(hops).unsqueeze(1), hops).squeeze(1)          # [N, F]
         return self.mlp(mixed)
 

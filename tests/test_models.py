@@ -365,3 +365,27 @@ def test_gcn_layer_equals_pyg_gcnconv(sparse):
     g = torch.autograd.grad(out.square().sum(), [layer.weight, layer.bias])
     g_ref = torch.autograd.grad(out_ref.square().sum(), [ref.lin.weight, ref.bias])
     assert torch.allclose(g[0], g_ref[0].T, atol=1e-4) and torch.allclose(g[1], g_ref[1], atol=1e-4)
+
+
+# ---------------------------------------------------------------- weighted edges
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_edge_weights(name):
+    x, ei, _ = random_graph()
+    m = make(name).eval()
+    if name == "GAT":
+        with pytest.raises(NotImplementedError):
+            m(x, ei, edge_weight=torch.ones(ei.size(1)))
+        return
+    assert torch.allclose(m(x, ei), m(x, ei, edge_weight=torch.ones(ei.size(1))), atol=1e-5)   # unit weights = no weights
+    w = torch.rand(ei.size(1), generator=torch.Generator().manual_seed(1)) + 0.1
+    if name != "MLP":
+        assert not torch.allclose(m(x, ei), m(x, ei, edge_weight=w), atol=1e-4)               # the weights are used
+
+
+def test_weighted_gcn_adjacency_matches_dense_formula():
+    x, ei, _ = random_graph()
+    ei = ei[:, ei[0] != ei[1]]
+    w = torch.rand(ei.size(1), generator=torch.Generator().manual_seed(2))
+    A = torch.zeros(N, N).index_put_((ei[1], ei[0]), w, accumulate=True) + torch.eye(N)
+    d = A.sum(1).rsqrt()
+    assert torch.allclose(adjacency(ei, N, "gcn", edge_weight=w).to_dense(), d[:, None] * A * d[None, :], atol=1e-6)

@@ -15,8 +15,9 @@ from ..federation import (Client, ConfigError, FedConfig, Message, Server, flat_
                               register_algorithm, weighted_mean)
 
 # %% auto #0
-__all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedProxConfig',
-           'FedProxClient', 'ScaffoldConfig', 'ScaffoldClient', 'ScaffoldServer', 'MoonConfig', 'MoonClient']
+__all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
+           'FedProxConfig', 'FedProxClient', 'ScaffoldConfig', 'ScaffoldClient', 'ScaffoldServer', 'MoonConfig',
+           'MoonClient']
 
 # %% ../../nbs/10_fedavg.ipynb #5671e143
 @dataclass
@@ -35,10 +36,20 @@ register_algorithm("standalone", StandaloneClient, Server, StandaloneConfig, pap
 # %% ../../nbs/10_fedavg.ipynb #13dc9952
 @dataclass
 class FedAvgConfig(FedConfig):
-    "FedAvg (McMahan et al. 2017): the shared defaults."
+    "FedAvg (McMahan et al. 2017): the shared defaults; `federated_rounds` = F stops the federation after F rounds."
+    federated_rounds: int = 0        # 0: every round is federated; F > 0: after F rounds the global model is sent once more and clients fine-tune locally
+
+    def validate(self) -> None:
+        super().validate()
+        if self.federated_rounds < 0: raise ConfigError(f"federated_rounds must be >= 0, got {self.federated_rounds}")
+
+def _federating(config, rnd: int) -> bool:
+    "Whether round `rnd` uploads (rounds beyond a positive `federated_rounds` are local fine-tuning)."
+    F = getattr(config, "federated_rounds", 0)
+    return F == 0 or rnd <= F
 
 class FedAvgClient(Client):
-    "Loads the global weights, trains locally, returns its weights and training-set size."
+    "Loads the global weights, trains locally, returns its weights and training-set size (after the federation: fine-tunes, sends nothing)."
     def receive(self, message: Message) -> None:
         load_flat_state(self.model, message["params"])
 
@@ -46,9 +57,9 @@ class FedAvgClient(Client):
         return {"params": flat_state(self.model), "weight": float(self.data.num_train)}
 
     def local_step(self, message: Message, rnd: int) -> Message:
-        self.receive(message)
+        if "params" in message: self.receive(message)
         self.fit(self.config.local_epochs)
-        return self.reply()
+        return self.reply() if _federating(self.config, rnd) else {}
 
 class FedAvgServer(Server):
     "Holds the global weights; aggregates by the training-size-weighted mean."
@@ -57,9 +68,12 @@ class FedAvgServer(Server):
         self.params = flat_state(spec.build())
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
+        F = getattr(self.config, "federated_rounds", 0)
+        if F and rnd > F + 1: return {cid: {} for cid in cids}          # fine-tuning: nothing more to send
         return {cid: {"params": self.params} for cid in cids}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
+        if not _federating(self.config, rnd): return
         self.params = weighted_mean([r["params"] for r in replies.values()], [r["weight"] for r in replies.values()])
 
     def evaluation_message(self, cid: int) -> Message:
@@ -69,6 +83,20 @@ class FedAvgServer(Server):
         return {"params": self.params}
 
 register_algorithm("fedavg", FedAvgClient, FedAvgServer, FedAvgConfig, paper="McMahan et al., AISTATS 2017")
+
+@dataclass
+class FedAvgFinetuneConfig(FedAvgConfig):
+    "One FedAvg round, then local fine-tuning of the downloaded global model (O-pFGL's one-shot FedAvg baseline)."
+    federated_rounds: int = 1
+    evaluation: str = "local"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.federated_rounds < 1: raise ConfigError("fedavg_ft needs federated_rounds >= 1")
+        if self.rounds <= self.federated_rounds: raise ConfigError("fedavg_ft needs rounds > federated_rounds (the download round)")
+
+register_algorithm("fedavg_ft", FedAvgClient, FedAvgServer, FedAvgFinetuneConfig,
+                   paper="McMahan et al., AISTATS 2017; one round + local fine-tuning as in O-pFGL's tables")
 
 # %% ../../nbs/10_fedavg.ipynb #89ea2198
 @dataclass
