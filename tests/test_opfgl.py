@@ -1,0 +1,236 @@
+"""Tests for O-pFGL (`fglit.algorithms.opfgl`, from nbs/20_opfgl.ipynb), `fedavg_ft` and the reproduction harness."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fglit.algorithms.opfgl import (HETERO_MODELS, LinkPredictor, OpFGLConfig, class_homophily, class_moment_sums,
+                                    distillation_weights, generate_surrogate, label_propagation, node_homophily,
+                                    pooled_statistics, reliable_nodes, soft_labels, sum_messages, surrogate_class_sizes)
+from fglit.federation import ConfigError, make_config, run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+# ---------------------------------------------------------------- step B: sums only, exact pooling
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 40), d=st.integers(1, 4), classes=st.integers(1, 4), clients=st.integers(1, 5),
+       seed=st.integers(0, 10_000))
+def test_pooled_statistics_equal_the_union(n, d, classes, clients, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g)
+    owner = torch.randint(0, clients, (n,), generator=g)
+    replies = {k: class_moment_sums(x, y, owner == k, classes, min_count=1) for k in range(clients)}
+    sums = sum_messages(replies, ("count", "sum", "sum_sq"))
+    mean, var = pooled_statistics(sums["count"], sums["sum"], sums["sum_sq"])
+    for c in range(classes):
+        xc = x[y == c].double()
+        assert sums["count"][c] == len(xc)
+        if len(xc):
+            assert torch.allclose(mean[c], xc.mean(0), atol=1e-9)
+        if len(xc) > 1:
+            assert torch.allclose(var[c], xc.var(0), atol=1e-9)          # unbiased, over the union
+        else:
+            assert torch.all(var[c] == 0)
+
+
+def test_min_class_count_zeroes_small_classes():
+    x, y = torch.randn(5, 3), torch.tensor([0, 0, 1, 2, 2])
+    s = class_moment_sums(x, y, torch.ones(5, dtype=torch.bool), 3, min_count=2)
+    assert s["count"].tolist() == [2, 0, 2] and torch.all(s["sum"][1] == 0) and torch.all(s["sum_sq"][1] == 0)
+
+
+def test_server_output_depends_only_on_the_sums():
+    "What secure aggregation needs: merging two clients' messages into one (and a zero message) changes nothing."
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
+    owner = torch.randint(0, 3, (40,), generator=g)
+    keys = ("count", "sum", "sum_sq")
+    replies = {k: class_moment_sums(x, y, owner == k, 3) for k in range(3)}
+    merged = {0: {k: replies[0][k] + replies[1][k] for k in keys}, 1: {k: torch.zeros_like(replies[2][k]) for k in keys},
+              2: replies[2]}
+    config = make_config(OpFGLConfig, dict(surrogate_iters=20))
+    graphs = []
+    for r in (replies, merged):
+        s = sum_messages(r, keys)
+        mean, var = pooled_statistics(s["count"], s["sum"], s["sum_sq"])
+        graphs.append(generate_surrogate(mean, var, s["count"], s["count"], 3, config, seed=3))   # stats of F=3, L=1
+    assert torch.equal(graphs[0].x, graphs[1].x) and torch.equal(graphs[0].edge_weight, graphs[1].edge_weight)
+
+
+# ---------------------------------------------------------------- step A: label propagation, homophily, HRE
+def test_label_propagation_and_soft_labels():
+    ei = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])          # path 0-1-2-3
+    y, labeled = torch.tensor([0, 0, 1, 1]), torch.tensor([True, False, False, True])
+    lp = label_propagation(ei, 4, y, labeled, 2, iters=1, alpha=0.9)
+    # one step from Y0: node 1 hears node 0 (class 0) with weight 1/sqrt(1*2), node 2 hears node 3 (class 1)
+    assert torch.allclose(lp[1], torch.tensor([0.9 / 2 ** 0.5, 0.0])) and torch.allclose(lp[2], torch.tensor([0.0, 0.9 / 2 ** 0.5]))
+    assert lp.max() <= 1 and lp.min() >= 0
+    soft, has = soft_labels(torch.tensor([[2.0, 2.0], [0.0, 0.0]]))
+    assert torch.allclose(soft, torch.full((2, 2), 0.5)) and has.tolist() == [True, False]
+
+
+def test_node_and_class_homophily():
+    # star: 0 (class 0) linked to 1 (class 0), 2 (class 1), 3 (unlabeled)
+    ei = torch.tensor([[0, 1, 0, 2, 0, 3], [1, 0, 2, 0, 3, 0]])
+    y, labeled = torch.tensor([0, 0, 1, 1]), torch.tensor([True, True, True, False])
+    h = node_homophily(ei, y, labeled)
+    assert h.tolist() == [0.5, 1.0, 0.0, 0.0]                           # node 3 is unlabeled
+    assert class_homophily(h, y, labeled, 2).tolist() == [1.5, 0.0]     # a sum over the class's labeled nodes
+
+
+def test_reliable_node_criteria():
+    soft = torch.tensor([[1.0, 0.0], [0.96, 0.04], [0.5, 0.5], [0.0, 1.0], [1.0, 0.0]])
+    has = torch.ones(5, dtype=torch.bool)
+    degree = torch.tensor([5, 5, 5, 5, 1])
+    labeled = torch.tensor([True, False, False, False, False])
+    class_h = torch.tensor([3.0, 1.0])                                  # class 0 is the top-1 homophilic class
+    full = reliable_nodes(soft, has, degree, labeled, class_h, tau=3, delta=0.95, top_k=1)
+    assert full.tolist() == [False, True, False, False, False]          # 3 fails C3, 4 fails C1, 2 fails C2, 0 labeled
+    no_c1 = reliable_nodes(soft, has, degree, labeled, class_h, 3, 0.95, 1, ("confidence", "homophily"))
+    assert no_c1.tolist() == [False, True, False, False, True]
+    none = reliable_nodes(soft, has, degree, labeled, class_h, 3, 0.95, 1, ())
+    assert none.tolist() == [False, True, True, True, True]
+
+
+# ---------------------------------------------------------------- step C and stage 2 pieces
+def test_link_predictor_is_symmetric():
+    torch.manual_seed(0)
+    g = LinkPredictor(5, 8)
+    logits = g(torch.randn(6, 5))
+    assert torch.allclose(logits, logits.T)
+
+
+def test_surrogate_sizes_and_graph():
+    config = make_config(OpFGLConfig, dict(surrogate_iters=150, surrogate_max_nodes=5))
+    sizes = surrogate_class_sizes(torch.tensor([10., 0., 4.]), torch.tensor([True, False, True]), config)
+    assert sizes.tolist() == [1, 0, 1]
+    ratio = make_config(OpFGLConfig, dict(surrogate_ratio=0.5, surrogate_max_nodes=6))
+    assert surrogate_class_sizes(torch.tensor([10., 3., 4.]), torch.ones(3, dtype=torch.bool), ratio).sum() == 6   # capped
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(3, 8, generator=g).double()
+    count = torch.tensor([5., 5., 0.])
+    graph = generate_surrogate(mean, torch.ones(3, 8).double(), count, count, 4, make_config(OpFGLConfig, dict(surrogate_iters=150)))
+    assert graph.y.tolist() == [0, 1] and graph.x.shape == (2, 4)       # one node per present class; hops=1 -> 2F stats
+    assert (graph.edge_index[0] != graph.edge_index[1]).all() and (graph.edge_weight >= 0.01).all()
+    assert graph.history[-1]["align"] < graph.history[0]["align"]
+
+
+def test_distillation_weights():
+    soft = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    lam = distillation_weights(soft, torch.tensor([0.0, 10.0]), alpha=0.2)
+    assert lam[0] == pytest.approx(0.2) and lam[1] < lam[0]             # homophilic class 1 distils less
+    assert lam[2] == pytest.approx((lam[0] + lam[1]) / 2)
+    assert distillation_weights(soft, torch.zeros(2), 0.2, hi=0.1).max() == pytest.approx(0.1)
+
+
+def test_config_errors():
+    for bad in [dict(rounds=3), dict(hre_criteria="degree,height"), dict(lambda_mode="soft"), dict(min_class_count=1),
+                dict(model_pool="zoo"), dict(surrogate_edge_steps=60), dict(finetune_lr=0.0)]:
+        with pytest.raises(ConfigError):
+            make_config(OpFGLConfig, bad)
+
+
+def test_cli_rejects_bad_opfgl_setting(shared_root):
+    script = Path(sys.executable).parent / "fglit"
+    out = subprocess.run([str(script), "run", "opfgl", "--dataset", "Cora", "--set", "rounds=5"], capture_output=True, text=True,
+                         env={**os.environ, "FGLIT_DATA": str(shared_root)})
+    assert out.returncode == 2 and "one-shot" in out.stderr and out.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------- end to end on Cora (shortened schedules)
+QUICK = dict(surrogate_iters=60, stage1_iters=200, finetune_iters=200, eval_interval=50)
+
+
+@pytest.fixture(scope="module")
+def cora_runs(shared_root):
+    plain = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings=QUICK, progress=False)
+    efficient = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings={**QUICK, "server_efficient": True}, progress=False)
+    return plain, efficient
+
+
+def test_opfgl_one_upload_one_download(cora_runs):
+    plain, _ = cora_runs
+    comm = plain.communication()
+    sent = comm[comm.bytes > 0]
+    assert sorted(map(tuple, sent[["round", "direction"]].drop_duplicates().values.tolist())) == [(1, "up"), (2, "down")]
+    assert (sent.groupby(["client", "direction"]).size() == 1).all() and sent.client.nunique() == 4
+    assert plain.summary()["accuracy_mean"] > 0.5
+
+
+def test_server_efficient_variant_is_the_same_run(cora_runs):
+    plain, efficient = cora_runs
+    assert plain.per_client().accuracy.tolist() == efficient.per_client().accuracy.tolist()
+    assert efficient.summary()["bytes_down"] != plain.summary()["bytes_down"]        # it downloads statistics instead
+
+
+def test_heterogeneous_models(shared_root):
+    from fglit.algorithms.opfgl import OpFGLClient
+    from fglit.data import load_dataset
+    from fglit.federation import LocalData, ModelSpec
+    from fglit.partition import partition
+    ds = load_dataset("Cora")
+    part = partition(ds, "louvain+", 10, seed=0)
+    config = make_config(OpFGLConfig, dict(model_pool="hetero"))
+    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", 64, 2, 0.0)
+    for cid in (0, 3, 8, 9):
+        client = OpFGLClient(cid, LocalData(part.clients[cid], "node"), config, spec)
+        want = HETERO_MODELS[cid]
+        assert type(client.model).__name__.lower() == want["name"]
+        assert client.spec.hidden == want["hidden"] and client.spec.layers == want["layers"]
+        if "K" in want:
+            assert client.model.encoder.K == want["K"]
+
+
+def test_fedavg_finetune_sends_once_each_way_then_nothing(shared_root):
+    res = run("fedavg_ft", "Cora", "metis+", 3, rounds=4, local_epochs=1, seeds=[0], progress=False)
+    comm = res.communication()
+    sent = comm[comm.bytes > 0][["round", "direction"]].drop_duplicates().values.tolist()
+    assert sorted(map(tuple, sent)) == [(1, "down"), (1, "up"), (2, "down")]
+    assert res.config["evaluation"] == "local"
+    with pytest.raises(ConfigError):
+        run("fedavg_ft", "Cora", "metis+", 3, rounds=1, seeds=[0], progress=False)
+
+
+# ---------------------------------------------------------------- the reproduction harness
+def test_paper_numbers_hold_the_printed_cells():
+    from fglit.opfgl_results import paper_numbers
+    p = paper_numbers()
+    cell = p.query("table == '1' and dataset == 'Cora' and method == 'O-pFGL' and metric == 'accuracy'").iloc[0]
+    assert (cell["mean"], cell["std"]) == (76.43, 1.24)
+    cell = p.query("table == '5' and dataset == 'CiteSeer' and method == 'O-pFGL' and metric == 'f1_macro'").iloc[0]
+    assert (cell["mean"], cell["std"]) == (50.94, 0.80)
+    assert p.query("note == 'OOM'")["mean"].isna().all()
+
+
+def test_side_by_side_joins_and_differences():
+    from fglit.opfgl_results import Experiment, side_by_side
+    from dataclasses import asdict
+    e = Experiment("1", "Cora", "louvain+", 10, "O-pFGL", "opfgl", paper_table="1", paper_method="O-pFGL")
+    rows = pd.DataFrame([dict(**asdict(e), seed=s, accuracy=a, f1_macro=0.5) for s, a in [(0, 0.70), (1, 0.80)]])
+    t = side_by_side(rows).set_index("metric")
+    assert t.loc["accuracy", "ours"] == pytest.approx(75.0) and t.loc["accuracy", "paper"] == 76.43
+    assert t.loc["accuracy", "diff"] == pytest.approx(75.0 - 76.43) and t.loc["accuracy", "seeds"] == 2
+
+
+def test_reproduce_resumes(tmp_path, shared_root):
+    from fglit.opfgl_results import opfgl_experiments, reproduce
+    exps = [e for e in opfgl_experiments(tables=("4",), datasets=("Cora",)) if e.method == "Standalone"]
+    out = tmp_path / "runs.csv"
+    first = reproduce(exps, seeds=(0,), out=out, quick=True, progress=False)
+    assert len(first) == 1 and out.exists()
+    second = reproduce(exps, seeds=(0,), out=out, quick=True, progress=False)
+    assert len(second) == 1 and len(pd.read_csv(out)) == 1            # nothing re-run, nothing appended
+    with pytest.raises(ValueError):
+        opfgl_experiments(tables=("99",))
