@@ -167,6 +167,7 @@ def test_opfgl_one_upload_one_download(cora_runs):
     assert sorted(map(tuple, sent[["round", "direction"]].drop_duplicates().values.tolist())) == [(1, "up"), (2, "down")]
     assert (sent.groupby(["client", "direction"]).size() == 1).all() and sent.client.nunique() == 4
     assert plain.summary()["accuracy_mean"] > 0.5
+    assert (plain.config["hre_degree"], plain.config["hre_confidence"]) == (20, 1.0)   # Cora-Louvain defaults applied by run
 
 
 def test_server_efficient_variant_is_the_same_run(cora_runs):
