@@ -136,7 +136,7 @@ def test_distillation_weights():
 
 
 def test_config_errors():
-    for bad in [dict(rounds=3), dict(hre_criteria="degree,height"), dict(lambda_mode="soft"), dict(min_class_count=1),
+    for bad in [dict(rounds=3), dict(hre_criteria="degree,height"), dict(lambda_mode="soft"), dict(min_class_count=0),
                 dict(model_pool="zoo"), dict(surrogate_edge_steps=60), dict(finetune_lr=0.0)]:
         with pytest.raises(ConfigError):
             make_config(OpFGLConfig, bad)
@@ -235,3 +235,61 @@ def test_reproduce_resumes(tmp_path, shared_root):
     assert len(second) == 1 and len(pd.read_csv(out)) == 1            # nothing re-run, nothing appended
     with pytest.raises(ValueError):
         opfgl_experiments(tables=("99",))
+
+
+# ---------------------------------------------------------------- bad input: never a NaN, never a crash
+def _client(n, classes_labeled, edges=True, seed=0, num_features=6):
+    from torch_geometric.data import Data
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    x = torch.randn(n, num_features, generator=g) + y.unsqueeze(1).float()
+    ei = torch.randint(0, n, (2, 3 * n), generator=g) if edges else torch.empty(2, 0, dtype=torch.long)
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    train = torch.zeros(n, dtype=torch.bool)
+    for c, k in classes_labeled.items():
+        train[(y == c).nonzero().view(-1)[:k]] = True
+    rest = (~train).nonzero().view(-1)
+    val = torch.zeros(n, dtype=torch.bool); val[rest[::2]] = True
+    test = ~train & ~val
+    return Data(x=x, edge_index=ei, y=y, train_mask=train, val_mask=val, test_mask=test, num_nodes=n)
+
+
+def _simulate(clients, num_classes=4, **settings):
+    from fglit.federation import get_algorithm, simulate
+    box = {}
+    cfg = make_config(OpFGLConfig, {**QUICK, **settings})
+    seed_run = simulate(get_algorithm("opfgl"), clients, "node", 6, num_classes, cfg, seed=0, progress=False,
+                        callback=lambda rnd, server, cl: box.update(server=server, clients=cl))
+    return seed_run, box
+
+
+def test_missing_classes_graphless_client_and_one_node_per_class():
+    clients = [_client(30, {0: 4, 1: 4, 2: 4}),                  # a normal client
+               _client(30, {0: 4, 1: 4}, edges=False, seed=1),  # no edges; class 2 has no labeled node
+               _client(30, {0: 1, 1: 1, 2: 1}, seed=2)]         # one labeled node per class (below min_class_count)
+    seed_run, box = _simulate(clients, hre=False)                # class 3 is on no client at all
+    sums = box["server"].sums
+    assert all(torch.isfinite(v).all() for v in sums.values())
+    assert sums["count"].tolist() == [8, 8, 4, 0]                # client 3's classes skipped, class 3 absent
+    mean, var = pooled_statistics(sums["count"], sums["sum"], sums["sum_sq"])
+    assert torch.isfinite(mean).all() and torch.isfinite(var).all() and (var[3] == 0).all()
+    assert 3 not in box["server"].graph.y.tolist()               # no surrogate node for a class nobody has
+    h = seed_run.history
+    assert h.accuracy.notna().all() and len(h) == 6              # 3 clients x (val, test), one evaluated round
+    graphless = box["clients"][1]
+    assert not graphless.has_mass[~graphless.train_mask].any()   # no edges: label propagation reaches nobody
+
+
+def test_no_statistics_anywhere_falls_back_to_local_training():
+    clients = [_client(30, {0: 1, 1: 1, 2: 1}, seed=s) for s in range(3)]
+    with pytest.warns(UserWarning, match="fewer than two classes"):
+        seed_run, box = _simulate(clients, num_classes=3, hre=False)
+    assert box["server"].graph is None and all(c.log["surrogate"] == "none" for c in box["clients"])
+    assert seed_run.history.accuracy.notna().all()
+
+
+def test_client_without_labels_only_distils():
+    clients = [_client(30, {0: 4, 1: 4, 2: 4}), _client(30, {}, seed=1)]
+    seed_run, box = _simulate(clients, num_classes=3)
+    assert seed_run.history.accuracy.notna().all()
+    assert box["clients"][1].log["classes_sent"] == 0 and box["clients"][1].log["stage2_iters"] > 0
