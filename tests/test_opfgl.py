@@ -293,3 +293,14 @@ def test_client_without_labels_only_distils():
     seed_run, box = _simulate(clients, num_classes=3)
     assert seed_run.history.accuracy.notna().all()
     assert box["clients"][1].log["classes_sent"] == 0 and box["clients"][1].log["stage2_iters"] > 0
+
+
+def test_cli_run_opfgl_json(shared_root):
+    script = Path(sys.executable).parent / "fglit"
+    out = subprocess.run([str(script), "run", "opfgl", "--dataset", "Cora", "--partition", "louvain+", "--clients", "10", "--json",
+                          "--set", "surrogate_iters=50", "stage1_iters=100", "finetune_iters=100", "eval_interval=50"],
+                         capture_output=True, text=True, env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = __import__("json").loads(out.stdout)
+    assert s["algorithm"] == "opfgl" and s["communication_rounds"] == 1 and len(s["per_client"]) == 10
+    assert 0 < s["accuracy_mean"] <= 1 and s["bytes_up"] > 0 and s["bytes_down"] > 0
