@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines
+.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl
 
 # torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
 $(BIN)/.installed: settings.ini setup.py
@@ -53,3 +53,11 @@ readme: setup
 # Long runs whose results are committed (not part of `make test`).
 reproduce-baselines: setup
 	$(BIN)/nbdev_test --flags slow --path nbs/12_compare.ipynb
+
+# O-pFGL's tables and figures (3 seeds; resumes from results/opfgl/runs.csv; about 1.5 CPU-hours on 2 cores)
+# and its speed benchmark (results/bench/opfgl_speed.json).
+reproduce-opfgl: setup
+	$(BIN)/fglit reproduce opfgl --tables 1 5 1b 4 7 17 11 22 25 --jobs 2
+	$(BIN)/fglit reproduce opfgl --tables fig3 fig7 fig9 fig8 fig10 --seeds 0 --jobs 2
+	$(BIN)/nbdev_test --flags slow --path nbs/21_opfgl_results.ipynb
+	$(BIN)/python benchmarks/opfgl_speed.py
