@@ -219,10 +219,11 @@ def test_side_by_side_joins_and_differences():
     from fglit.opfgl_results import Experiment, side_by_side
     from dataclasses import asdict
     e = Experiment("1", "Cora", "louvain+", 10, "O-pFGL", "opfgl", paper_table="1", paper_method="O-pFGL")
-    rows = pd.DataFrame([dict(**asdict(e), seed=s, accuracy=a, f1_macro=0.5) for s, a in [(0, 0.70), (1, 0.80)]])
+    rows = pd.DataFrame([dict(**asdict(e), seed=s, accuracy=a, f1_macro=0.5, f1_macro_present=0.6) for s, a in [(0, 0.70), (1, 0.80)]])
     t = side_by_side(rows).set_index("metric")
     assert t.loc["accuracy", "ours"] == pytest.approx(75.0) and t.loc["accuracy", "paper"] == 76.43
     assert t.loc["accuracy", "diff"] == pytest.approx(75.0 - 76.43) and t.loc["accuracy", "seeds"] == 2
+    assert t.loc["f1_macro_present", "ours"] == pytest.approx(60.0) and t.loc["f1_macro_present", "paper"] == 61.58
 
 
 def test_reproduce_resumes(tmp_path, shared_root):
