@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .core import cpu_threads, get_device, reseed_torch, seed_everything
 from .metrics import SELECTIONS, WEIGHTINGS, classification_scores, client_average, grouped_scores, mean_std, select_round
-from .models import build_model
+from .models import build_model, knn_graph
 
 # %% auto #0
 __all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'encode_message', 'decode_message',
@@ -118,9 +118,11 @@ class FedConfig:
     selection: str = "best_val"
     weighting: str = "nodes"
     eval_every: int = 1
+    graphless_knn: int = 0        # > 0: graphless clients train on a cosine kNN graph of their features (Local-/Fed-GNNk)
 
     def validate(self) -> None:
         "Raise `ConfigError` for values out of range."
+        if self.graphless_knn < 0: raise ConfigError(f"graphless_knn must be >= 0, got {self.graphless_knn}")
         for name in ("rounds", "hidden", "layers", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -177,11 +179,13 @@ class Batch:
 
 class LocalData:
     "A client's private data on the device, with the same interface for node and graph tasks."
-    def __init__(self, client, task: str, batch_size: int = 64, device: torch.device | None = None):
+    def __init__(self, client, task: str, batch_size: int = 64, device: torch.device | None = None, graphless_knn: int = 0):
         self.task, self.device, self.batch_size = task, device or get_device(), batch_size
+        self.graphless = bool(getattr(client, "graphless", False))
         if task == "node":
             d = client
-            self.graph = Data(x=d.x, edge_index=d.edge_index, y=d.y).to(self.device)
+            edge_index = knn_graph(d.x, graphless_knn) if self.graphless and graphless_knn > 0 else d.edge_index
+            self.graph = Data(x=d.x, edge_index=edge_index, y=d.y).to(self.device)
             self.masks = {s: getattr(d, f"{s}_mask").to(self.device) for s in SPLITS}
             self._train = Batch(self.graph.x, self.graph.edge_index, None, self.graph.y[self.masks["train"]], self.masks["train"])
         else:
@@ -403,7 +407,7 @@ class Algorithm:
         return dict(self.dataset_defaults(dataset, partition)) if self.dataset_defaults else {}
 
 ALGORITHMS: dict[str, Algorithm] = {}
-ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl")
+ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl", "fglit.algorithms.fedgls")
 
 def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None) -> Algorithm:
@@ -488,7 +492,7 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
     seed_everything(seed)
     spec = ModelSpec(config.model or ("gcn" if task == "node" else "gin"), num_features, num_classes, task,
                      config.hidden, config.layers, config.dropout)
-    data = [LocalData(c, task, config.batch_size) for c in clients_data]
+    data = [LocalData(c, task, config.batch_size, graphless_knn=config.graphless_knn) for c in clients_data]
     infos = [ClientInfo(i, d.num_train, sum(d.counts.values())) for i, d in enumerate(data)]
     server = algorithm.server(config, infos, spec)
     clients = [algorithm.client(i, d, config, spec) for i, d in enumerate(data)]

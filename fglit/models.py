@@ -21,10 +21,11 @@ from .core import get_device, seed_everything
 
 # %% auto #0
 __all__ = ['POOLS', 'TASKS', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head',
-           'GraphModel', 'adjacency', 'propagate_hops', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder',
-           'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GAT', 'MLPEncoder',
-           'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
-           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model', 'train_node_classifier']
+           'GraphModel', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
+           'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'GraphSAGE', 'SparseGINConv',
+           'GIN', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder',
+           'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model',
+           'train_node_classifier']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
@@ -120,6 +121,34 @@ def propagate_hops(x: Tensor, edge_index: Tensor, K: int, edge_weight: Tensor | 
     adj, hops = adjacency(edge_index, x.size(0), "gcn", x.dtype, edge_weight), [x]
     for _ in range(K): hops.append(adj @ hops[-1])
     return hops
+
+def knn_indices(x: Tensor, k: int, block_rows: int | None = None) -> Tensor:
+    "`[N, k]` indices of each row's k most cosine-similar other rows (no self), computed in row blocks of `block_rows` (default: ~64M similarities per block)."
+    n = x.size(0)
+    k = min(k, n - 1)
+    if k < 1: return torch.empty(n, 0, dtype=torch.long, device=x.device)
+    xn = F.normalize(x.float(), dim=1)
+    block_rows = block_rows or max(1, (1 << 26) // max(n, 1))
+    out = []
+    with torch.no_grad():
+        for s in range(0, n, block_rows):
+            sim = xn[s:s + block_rows] @ xn.T
+            rows = torch.arange(s, min(s + block_rows, n), device=x.device)
+            sim[rows - s, rows] = -float("inf")
+            out.append(sim.topk(k, dim=1).indices)
+    return torch.cat(out)
+
+def knn_graph(x: Tensor, k: int, block_rows: int | None = None) -> Tensor:
+    "Symmetric cosine k-nearest-neighbour graph of the rows of `x` as an `edge_index` (each edge both ways, no self loops, no duplicates)."
+    idx = knn_indices(x, k, block_rows)
+    n = x.size(0)
+    src = torch.arange(n, device=x.device).repeat_interleave(idx.size(1))
+    ei = torch.stack([torch.cat([src, idx.reshape(-1)]), torch.cat([idx.reshape(-1), src])])
+    return _unique_edges(ei, n)
+
+def _unique_edges(ei: Tensor, n: int) -> Tensor:
+    key = torch.unique(ei[0] * n + ei[1])
+    return torch.stack([key // n, key % n])
 
 class SparseOperand:
     "A constant sparse CSR matrix plus the structure of its transpose, so that `spmm` backpropagates without re-sorting."

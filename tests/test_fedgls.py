@@ -1,0 +1,82 @@
+"""Tests for FedGLS's pieces (`fglit.algorithms.fedgls`, from nbs/40_fedgls.ipynb) and the kNN graph utilities."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from fglit.algorithms.fedgls import (AttentiveEncoder, GraphLearner, contrastive_loss, distillation_loss, gcn_edges,
+                                     gcn_forward, propagate)
+from fglit.models import adjacency, build_model, knn_graph, knn_indices
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 30), k=st.integers(1, 8), block=st.integers(1, 7), seed=st.integers(0, 1000))
+def test_knn_indices_match_dense_topk_in_any_block_size(n, k, block, seed):
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(seed))
+    idx = knn_indices(x, k, block_rows=block)
+    kk = min(k, n - 1)
+    assert idx.shape == (n, kk)
+    xn = F.normalize(x, dim=1); sim = xn @ xn.T; sim.fill_diagonal_(-float("inf"))
+    want = sim.topk(kk, dim=1).values
+    got = sim.gather(1, idx)
+    assert torch.allclose(got, want, atol=1e-5)                     # same similarities (ties may pick other indices)
+    assert not (idx == torch.arange(n).unsqueeze(1)).any()           # never itself
+
+
+def test_knn_graph_is_symmetric_simple():
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(0))
+    ei = knn_graph(x, 4)
+    pairs = set(map(tuple, ei.T.tolist()))
+    assert all((j, i) in pairs for i, j in pairs) and all(i != j for i, j in pairs)
+    assert len(pairs) == ei.size(1)                                  # no duplicates
+    assert torch.bincount(ei[0], minlength=40).min() >= 4            # everyone keeps its own k
+
+
+def test_propagate_equals_the_gcn_adjacency():
+    g = torch.Generator().manual_seed(1)
+    ei = torch.randint(0, 10, (2, 30), generator=g)
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    h = torch.randn(10, 3, generator=g)
+    assert torch.allclose(propagate(h, *gcn_edges(ei, 10)), adjacency(ei, 10, "gcn") @ h, atol=1e-5)
+
+
+def test_gcn_forward_equals_the_model_on_a_graph():
+    g = torch.Generator().manual_seed(2)
+    ei = torch.randint(0, 12, (2, 40), generator=g); ei = torch.cat([ei, ei.flip(0)], 1)
+    x = torch.randn(12, 7, generator=g)
+    model = build_model("gcn", 7, 3, hidden=16).eval()
+    _, logits = gcn_forward(model, x, *gcn_edges(ei, 12))
+    assert torch.allclose(logits, model(x, ei), atol=1e-5)
+
+
+def test_learned_graph_is_symmetric_normalised_and_differentiable():
+    torch.manual_seed(0)
+    x = torch.rand(15, 6)
+    learner = GraphLearner(6, k=4)
+    ei, w = learner(x)
+    S = torch.zeros(15, 15); S[ei[1], ei[0]] = w
+    assert torch.allclose(S, S.T, atol=1e-6) and (w >= 0).all()
+    # the first graph is the cosine kNN graph of the features (attentive weights start at one)
+    knn = set(map(tuple, knn_graph(x, 4).T.tolist())) | {(i, i) for i in range(15)}
+    assert set(map(tuple, ei.T.tolist())) == knn
+    propagate(torch.randn(15, 2), ei, w).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in learner.parameters())
+
+
+def test_contrastive_and_distillation_losses():
+    z = torch.randn(8, 4)
+    assert contrastive_loss(z, z.clone()) < contrastive_loss(z, torch.randn(8, 4))     # aligned views score better
+    logits = torch.randn(5, 3)
+    assert distillation_loss(logits, logits) == pytest.approx(0.0, abs=1e-6)
+    assert distillation_loss(logits, torch.randn(5, 3)) > 0
+    assert AttentiveEncoder(3)(torch.ones(2, 3)).eq(1).all()                         # identity at initialisation
+
+
+def test_fedgls_runs_and_graphless_knn_option(shared_root):
+    from fglit.federation import run
+    base = dict(mode="largest", graphless_ratio=0.5, split="fedgls")
+    res = run("fedgls", "Cora", "louvain", 4, rounds=3, local_epochs=1, seeds=[0], settings=base, progress=False)
+    assert res.summary()["accuracy_mean"] > 0 and res.config["k"] == 10
+    knn = run("fedavg", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0], settings={**base, "graphless_knn": 5},
+              progress=False)
+    assert knn.config["graphless_knn"] == 5 and knn.summary()["accuracy_mean"] > 0
