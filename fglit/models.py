@@ -22,10 +22,10 @@ from .core import get_device, seed_everything
 # %% auto #0
 __all__ = ['POOLS', 'TASKS', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head',
            'GraphModel', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
-           'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'GraphSAGE', 'SparseGINConv',
-           'GIN', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder',
-           'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model',
-           'train_node_classifier']
+           'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE',
+           'SparseGINConv', 'GIN', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII',
+           'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP',
+           'build_model', 'train_node_classifier']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
@@ -312,21 +312,31 @@ class GCNLayer(nn.Module):
     def extra_repr(self) -> str: return f"{self.weight.size(0)}, {self.weight.size(1)}"
 
 class GCNEncoder(ConvEncoder):
-    "`GCNLayer`s on the cached `gcn` adjacency and (sparse) input as `SparseOperand`s."
-    def __init__(self, in_dim: int, hidden: int, layers: int, dropout: float = 0.5, cache_size: int = 32):
+    "`GCNLayer`s on the cached `gcn` adjacency and (sparse) input as `SparseOperand`s; `propagate_out` adds a final $\\hat A$ (Kipf's last layer)."
+    def __init__(self, in_dim: int, hidden: int, layers: int, dropout: float = 0.5, cache_size: int = 32,
+                 propagate_out: bool = False):
         super().__init__([GCNLayer(a, b) for a, b in _dims(in_dim, hidden, layers)], dropout, F.relu, "gcn", cache_size)
+        self.propagate_out = propagate_out
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
         adj, h = self.adjacency_operand(x, edge_index, "gcn", edge_weight), self.input_operand(x)
         for conv in self.convs:
             h = self.act(conv(dropout(h, self.dropout, self.training), adj))
-        return h
+        return spmm(adj, h) if self.propagate_out else h
 
 class GCN(GraphModel):
-    "Graph Convolutional Network (Kipf & Welling, ICLR 2017)."
+    "Graph Convolutional Network (Kipf & Welling, ICLR 2017); `kipf=True`: the paper's form, the head's linear map propagated once more."
+    def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 2, dropout: float = 0.5,
+                 task: str = "node", pool: str | None = None, kipf: bool = False):
+        super().__init__(GCNEncoder(in_dim, hidden, layers - 1 if kipf else layers, dropout, propagate_out=kipf),
+                         hidden, num_classes, task, pool, dropout)
+
+class KipfGCN(GCN):
+    "GCN exactly as Kipf & Welling write it: `layers` propagations, the last one applied to the class scores ($\\hat A H W + b$)."
     def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 2, dropout: float = 0.5,
                  task: str = "node", pool: str | None = None):
-        super().__init__(GCNEncoder(in_dim, hidden, layers, dropout), hidden, num_classes, task, pool, dropout)
+        if _check_dim("layers", layers) < 2: raise ValueError(f"KipfGCN needs layers >= 2, got {layers}")
+        super().__init__(in_dim, num_classes, hidden, layers, dropout, task, pool, kipf=True)
 
 class GraphSAGE(GraphModel):
     "GraphSAGE (Hamilton et al., NeurIPS 2017) with the mean (default) or sum aggregator."
@@ -528,7 +538,7 @@ class GAMLP(GraphModel):
         super().__init__(GAMLPEncoder(in_dim, hidden, layers, dropout, K, cache_size), hidden, num_classes, task, pool, dropout)
 
 # %% ../nbs/02_models.ipynb #3642d7e4
-MODELS: dict[str, type[GraphModel]] = {"gcn": GCN, "graphsage": GraphSAGE, "gat": GAT, "gin": GIN, "sgc": SGC,
+MODELS: dict[str, type[GraphModel]] = {"gcn": GCN, "kipfgcn": KipfGCN, "graphsage": GraphSAGE, "gat": GAT, "gin": GIN, "sgc": SGC,
                                        "ssgc": SSGC, "appnp": APPNP, "gcnii": GCNII, "gamlp": GAMLP, "sign": SIGN,
                                        "mlp": MLP}
 MODEL_NAMES: list[str] = [c.__name__ for c in MODELS.values()]

@@ -259,7 +259,7 @@ def test_adjacency_kinds():
 
 # ---------------------------------------------------------------- factory
 def test_factory_names_and_errors():
-    assert len(MODEL_NAMES) == 11 and len(set(MODEL_NAMES)) == 11
+    assert len(MODEL_NAMES) == 12 and len(set(MODEL_NAMES)) == 12
     for name in MODEL_NAMES:
         for spelled in (name, name.lower(), name.upper()):
             assert type(build_model(spelled, F_IN, C)).__name__ == name
@@ -389,3 +389,15 @@ def test_weighted_gcn_adjacency_matches_dense_formula():
     A = torch.zeros(N, N).index_put_((ei[1], ei[0]), w, accumulate=True) + torch.eye(N)
     d = A.sum(1).rsqrt()
     assert torch.allclose(adjacency(ei, N, "gcn", edge_weight=w).to_dense(), d[:, None] * A * d[None, :], atol=1e-6)
+
+
+def test_kipf_gcn_is_the_papers_formula():
+    x, ei, _ = random_graph()
+    m = make("KipfGCN", dropout=0.0).eval()
+    A = adjacency(ei, N, "gcn").to_dense()
+    c = m.encoder.convs[0]
+    h = torch.relu(A @ (x @ c.weight) + c.bias)
+    assert len(m.encoder.convs) == 1
+    assert torch.allclose(m(x, ei), A @ (h @ m.head[1].weight.T) + m.head[1].bias, atol=1e-5)
+    with pytest.raises(ValueError):
+        build_model("KipfGCN", F_IN, C, layers=1)
