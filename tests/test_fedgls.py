@@ -44,9 +44,10 @@ def test_gcn_forward_equals_the_model_on_a_graph():
     g = torch.Generator().manual_seed(2)
     ei = torch.randint(0, 12, (2, 40), generator=g); ei = torch.cat([ei, ei.flip(0)], 1)
     x = torch.randn(12, 7, generator=g)
-    model = build_model("gcn", 7, 3, hidden=16).eval()
-    _, logits = gcn_forward(model, x, *gcn_edges(ei, 12))
-    assert torch.allclose(logits, model(x, ei), atol=1e-5)
+    for name in ("gcn", "kipfgcn"):
+        model = build_model(name, 7, 3, hidden=16).eval()
+        _, logits = gcn_forward(model, x, *gcn_edges(ei, 12))
+        assert torch.allclose(logits, model(x, ei), atol=1e-5)
 
 
 def test_learned_graph_is_symmetric_normalised_and_differentiable():
