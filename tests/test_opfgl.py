@@ -305,3 +305,13 @@ def test_cli_run_opfgl_json(shared_root):
     s = __import__("json").loads(out.stdout)
     assert s["algorithm"] == "opfgl" and s["communication_rounds"] == 1 and len(s["per_client"]) == 10
     assert 0 < s["accuracy_mean"] <= 1 and s["bytes_up"] > 0 and s["bytes_down"] > 0
+
+
+def test_reproduce_survives_a_failing_run(tmp_path, shared_root):
+    from fglit.opfgl_results import Experiment, reproduce
+    bad = Experiment("x", "Cora", "louvain+", 10_000, "Standalone", "standalone", rounds=1, local_epochs=1)   # more clients than nodes
+    good = Experiment("x", "Cora", "metis+", 3, "Standalone", "standalone", rounds=1, local_epochs=1)
+    out = tmp_path / "runs.csv"
+    with pytest.warns(UserWarning, match="1 run"):
+        rows = reproduce([bad, good], seeds=(0,), out=out, progress=False)
+    assert len(rows) == 1 and len(pd.read_csv(out)) == 1 and rows.clients.tolist() == [3]
