@@ -81,3 +81,30 @@ def test_fedgls_runs_and_graphless_knn_option(shared_root):
     knn = run("fedavg", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0], settings={**base, "graphless_knn": 5},
               progress=False)
     assert knn.config["graphless_knn"] == 5 and knn.summary()["accuracy_mean"] > 0
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+def test_fedgls_with_no_or_all_graphless_clients(shared_root, ratio):
+    from fglit.federation import run
+    res = run("fedgls", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0],
+              settings=dict(mode="largest", graphless_ratio=ratio, split="fedgls"), progress=False)
+    assert res.per_round().test_accuracy.notna().all()
+
+
+def test_graph_learner_on_a_client_smaller_than_k():
+    ei, w = GraphLearner(4, k=10)(torch.rand(3, 4))                  # k is clamped to n - 1
+    assert ei.size(1) == 9 and torch.isfinite(w).all()                # a complete graph with self loops
+    ei, w = GraphLearner(4, k=10)(torch.rand(1, 4))                   # a single node keeps its self loop
+    assert ei.tolist() == [[0], [0]] and torch.isfinite(w).all()
+
+
+def test_cli_run_fedgls_json(shared_root):
+    import json, os, subprocess, sys
+    from pathlib import Path
+    script = Path(sys.executable).parent / "fglit"
+    out = subprocess.run([str(script), "run", "fedgls", "--dataset", "Cora", "--partition", "louvain", "--clients", "8",
+                          "--rounds", "2", "--json", "--set", "graphless_ratio=0.5"], capture_output=True, text=True,
+                         env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["algorithm"] == "fedgls" and len(s["per_client"]) == 8 and 0 < s["accuracy_mean"] <= 1
