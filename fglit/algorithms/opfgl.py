@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from ..core import get_device
 from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, make_optimizer, register_algorithm
 from ..models import propagate_hops
 
@@ -25,8 +23,8 @@ __all__ = ['HETERO_MODELS', 'HRE_CRITERIA', 'SURROGATE_RATIO', 'HETEROPHILIC', '
            'propagated_features', 'label_propagation', 'soft_labels', 'node_homophily', 'class_homophily',
            'reliable_nodes', 'class_moment_sums', 'sum_messages', 'pooled_statistics', 'LinkPredictor',
            'dense_gcn_norm', 'class_mean_std', 'smoothness_loss', 'surrogate_class_sizes', 'SurrogateGraph',
-           'surrogate_possible', 'generate_surrogate', 'distillation_weights', 'focal_loss', 'EarlyStopping',
-           'OpFGLClient', 'OpFGLServer']
+           'surrogate_possible', 'surrogate_from_sums', 'generate_surrogate', 'distillation_weights', 'focal_loss',
+           'EarlyStopping', 'OpFGLClient', 'OpFGLServer']
 
 # %% ../../nbs/20_opfgl.ipynb #6c69bfb8
 HETERO_MODELS: tuple[dict, ...] = (     # the paper's heterogeneous-model pool (Tables 11/12), one per client in turn
@@ -283,6 +281,11 @@ def surrogate_possible(count: Tensor) -> bool:
     "A surrogate graph needs statistics for at least two classes."
     return int((count > 0).sum()) >= 2
 
+def surrogate_from_sums(sums: dict[str, Tensor], in_dim: int, config: "OpFGLConfig", seed: int) -> "SurrogateGraph":
+    "Step B then step C: pooled statistics from the summed client messages, and the surrogate graph learned from them."
+    mean, var = pooled_statistics(sums["count"], sums["sum"], sums["sum_sq"])
+    return generate_surrogate(mean, var, sums["count"], sums["count_labeled"], in_dim, config, seed=seed)
+
 def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: Tensor, in_dim: int,
                        config: OpFGLConfig, seed: int = 0, log_every: int = 50) -> SurrogateGraph:
     "Step C: learn $(X', A')$ whose propagated class statistics match the pooled `mean`/`var` (`[C, (L+1) F]`)."
@@ -413,7 +416,8 @@ class OpFGLClient(Client):
         if not m.any(): return 0.0
         return float((model(g.x, g.edge_index).argmax(-1)[m] == g.y[m]).float().mean())
 
-    def _train(self, loss_fn, lr: float, iters: int) -> tuple[nn.Module, int]:
+    def _train(self, loss_fn, lr: float, iters: int) -> int:
+        "Adam on `loss_fn` with early stopping on validation accuracy; the best weights are restored; returns the iterations run."
         opt = make_optimizer(self.model, self.config, lr)
         stopper, it = EarlyStopping(self.model, self.config.patience), 0
         for it in range(1, iters + 1):
@@ -422,14 +426,15 @@ class OpFGLClient(Client):
             if it % self.config.eval_interval == 0 and stopper.check(self.val_accuracy(self.model)):
                 break
         if stopper.best < 0 or it % self.config.eval_interval: stopper.check(self.val_accuracy(self.model))
-        return stopper.restore(), it
+        stopper.restore()
+        return it
 
     def stage1(self, graph: SurrogateGraph) -> None:
         "Train $f_g$ on the surrogate graph (cross-entropy on all its nodes)."
         def loss():
             return F.cross_entropy(self.model(graph.x, graph.edge_index, edge_weight=graph.edge_weight), graph.y)
         t0 = time.perf_counter()
-        _, it = self._train(loss, self.config.stage1_lr, self.config.stage1_iters)
+        it = self._train(loss, self.config.stage1_lr, self.config.stage1_iters)
         self.log.update(stage1_iters=it, stage1_val=self.val_accuracy(self.model), stage1_s=time.perf_counter() - t0)
 
     def stage2(self, distill: bool = True) -> None:
@@ -456,7 +461,7 @@ class OpFGLClient(Client):
             if mode == "none": return sup
             kl = (teacher_logp.exp() * (teacher_logp - F.log_softmax(logits, -1))).sum(-1)
             return sup + (lam * kl).mean()
-        _, it = self._train(loss, c.finetune_lr if distill else c.lr, c.finetune_iters)
+        it = self._train(loss, c.finetune_lr if distill else c.lr, c.finetune_iters)
         self.log.update(stage2_iters=it, stage2_val=self.val_accuracy(self.model), lambda_mean=float(lam.mean()),
                         stage2_s=time.perf_counter() - t0)
 
@@ -465,9 +470,7 @@ class OpFGLClient(Client):
             return self.statistics()
         graph = None
         if "graph_seed" in message and surrogate_possible(message["count"]):   # appendix G: build the graph here
-            mean, var = pooled_statistics(message["count"], message["sum"], message["sum_sq"])
-            graph = generate_surrogate(mean, var, message["count"], message["count_labeled"], self.spec.in_dim,
-                                       self.config, seed=int(message["graph_seed"]))
+            graph = surrogate_from_sums(message, self.spec.in_dim, self.config, int(message["graph_seed"]))
         elif "x" in message:
             graph = SurrogateGraph.from_message(message)
         if graph is None:                    # no usable statistics anywhere: local training only (documented fallback)
@@ -504,9 +507,7 @@ class OpFGLServer(Server):
             warnings.warn("O-pFGL: fewer than two classes have statistics on any client; clients will train locally only")
             return
         if not self.config.server_efficient:
-            mean, var = pooled_statistics(self.sums["count"], self.sums["sum"], self.sums["sum_sq"])
-            self.graph = generate_surrogate(mean, var, self.sums["count"], self.sums["count_labeled"], self.spec.in_dim,
-                                            self.config, seed=self.seed)
+            self.graph = surrogate_from_sums(self.sums, self.spec.in_dim, self.config, self.seed)
 
 register_algorithm("opfgl", OpFGLClient, OpFGLServer, OpFGLConfig, dataset_defaults=opfgl_defaults,
                    paper="Personalized One-shot Federated Graph Learning for Heterogeneous Clients (O-pFGL)");
