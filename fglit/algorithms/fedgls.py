@@ -14,11 +14,11 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
                               load_flat_state, make_optimizer, register_algorithm, weighted_mean)
-from ..models import build_model, dropout, knn_indices
+from ..models import dropout, knn_indices
 
 # %% auto #0
 __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEncoder', 'MLPGraphEncoder', 'GraphLearner',
-           'contrastive_loss', 'distillation_loss', 'FedGLSClient', 'FedGLSServer']
+           'contrastive_loss', 'distillation_loss', 'encoder_spec', 'FedGLSClient', 'FedGLSServer']
 
 # %% ../../nbs/40_fedgls.ipynb #fded6bf8
 @dataclass
@@ -133,13 +133,16 @@ def distillation_loss(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     return (t.exp() * (t - F.log_softmax(student_logits, -1))).sum(-1).mean()
 
 # %% ../../nbs/40_fedgls.ipynb #d4a2674b
+def encoder_spec(spec: ModelSpec) -> ModelSpec:
+    "The feature encoder $h$: fglit's `MLP` with the GNN's width, dropout and depth (its head counts as a layer)."
+    return spec.replace(name="mlp", layers=max(1, spec.layers - 1), options=())
+
 class FedGLSClient(Client):
     "A FedGLS client: GNN + feature encoder (shared), and on graphless clients a local graph learner."
     def __init__(self, cid, data: LocalData, config: FedGLSConfig, spec: ModelSpec):
         super().__init__(cid, data, config, spec)
         g = data.graph
-        self.mlp = build_model("mlp", spec.in_dim, spec.num_classes, hidden=spec.hidden, layers=max(1, spec.layers - 1),
-                               dropout=spec.dropout).to(g.x.device)
+        self.mlp = encoder_spec(spec).build()
         self.mlp_optimizer = make_optimizer(self.mlp, config, config.mlp_lr)
         self.graphless = data.graphless
         self.x = g.x.to_dense() if g.x.layout != torch.strided else g.x
@@ -152,10 +155,10 @@ class FedGLSClient(Client):
         self.history: list[dict] = []
 
     # -- forward passes ----------------------------------------------------------------------------
-    def gnn(self, edges=None, model=None) -> tuple[Tensor, Tensor]:
-        "(Z, logits) of the GNN on this client's graph (A, or the learned S)."
+    def gnn(self, edges=None) -> tuple[Tensor, Tensor]:
+        "(Z, logits) of the GNN on this client's graph (A, or `edges`: the learned S with gradients)."
         ei, w = edges if edges is not None else self.edges
-        emb, logits = gcn_forward(model or self.model, self.x, ei, w)
+        emb, logits = gcn_forward(self.model, self.x, ei, w)
         return (logits if self.config.outputs == "logits" else emb), logits
 
     def encoder_outputs(self) -> tuple[Tensor, Tensor]:
@@ -200,13 +203,7 @@ class FedGLSClient(Client):
         self.history.append(dict(round=rnd, client=self.cid, graphless=self.graphless, contrastive=cl, cross_entropy=ce, distillation=kd))
         return {"gnn": flat_state(self.model), "mlp": flat_state(self.mlp), "weight": float(self.data.graph.num_nodes)}
 
-    # -- evaluation: the global GNN on this client's graph ---------------------------------------------
-    def evaluation_model(self, message: Message | None) -> nn.Module:
-        if message is None: return self.model
-        if self._scratch is None: self._scratch = self.spec.build()
-        load_flat_state(self._scratch, message["gnn"])
-        return self._scratch
-
+    # -- evaluation: the global GNN (the base client's `evaluation_model`) on this client's graph ------------
     @torch.no_grad()
     def predict(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
         model.eval()
@@ -219,8 +216,7 @@ class FedGLSServer(Server):
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.gnn = flat_state(spec.build())
-        self.mlp = flat_state(build_model("mlp", spec.in_dim, spec.num_classes, hidden=spec.hidden,
-                                          layers=max(1, spec.layers - 1), dropout=spec.dropout))
+        self.mlp = flat_state(encoder_spec(spec).build())
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
         return {cid: {"gnn": self.gnn, "mlp": self.mlp} for cid in cids}
@@ -231,7 +227,7 @@ class FedGLSServer(Server):
         self.mlp = weighted_mean([m["mlp"] for m in r], w)
 
     def evaluation_message(self, cid: int) -> Message:
-        return {"gnn": self.gnn}
+        return {"params": self.gnn}
 
 register_algorithm("fedgls", FedGLSClient, FedGLSServer, FedGLSConfig,
                    paper="Wang et al., Federated Graph Learning with Graphless Clients, TMLR 2024")
