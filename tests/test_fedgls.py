@@ -108,3 +108,10 @@ def test_cli_run_fedgls_json(shared_root):
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     assert s["algorithm"] == "fedgls" and len(s["per_client"]) == 8 and 0 < s["accuracy_mean"] <= 1
+
+
+def test_fedgls_with_zero_local_epochs(shared_root):
+    from fglit.federation import run
+    res = run("fedgls", "Cora", "louvain", 4, rounds=1, local_epochs=0, seeds=[0],
+              settings=dict(mode="largest", graphless_ratio=0.5, split="fedgls"), progress=False)
+    assert res.per_round().test_accuracy.notna().all()

@@ -198,6 +198,7 @@ class FedGLSClient(Client):
     def local_step(self, message: Message, rnd: int) -> Message:
         load_flat_state(self.model, message["gnn"]); load_flat_state(self.mlp, message["mlp"])
         cl = self.learner_step() if self.graphless else float("nan")
+        ce = kd = float("nan")                # local_epochs = 0: only the learner step
         for _ in range(self.config.local_epochs):
             ce, kd = self.local_epoch()
         self.history.append(dict(round=rnd, client=self.cid, graphless=self.graphless, contrastive=cl, cross_entropy=ce, distillation=kd))
