@@ -138,9 +138,7 @@ def cmd_reproduce(args) -> int:
     if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
     results = module.reproduce(experiments, seeds=tuple(args.seeds), out=args.out or default_out, jobs=args.jobs,
                                quick=args.quick, progress=not args.quiet)
-    keys = {e.key(s) for e in experiments for s in args.seeds}
-    mine = results[[tuple(r) in keys for r in results[["table", "dataset", "partition", "clients", "method", "note", "seed"]].itertuples(index=False)]]
-    table = module.side_by_side(mine)
+    table = module.side_by_side(results)
     if args.json:
         print(table.to_json(orient="records"))
     else:

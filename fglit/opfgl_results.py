@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .federation import git_commit, run
+from .federation import run
 
 # %% auto #0
 __all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'PAPER_METRIC',
@@ -1199,10 +1199,15 @@ def _run_one_unsafe(exp: Experiment, seed: int, quick: bool = False) -> dict:
 
 def reproduce(experiments: list[Experiment], seeds=(0, 1, 2), out: str | Path | None = None, jobs: int = 1,
               quick: bool = False, progress: bool | None = None) -> pd.DataFrame:
-    "Run each experiment once per seed (skipping rows already in `out`), `jobs` processes at a time; returns all rows."
+    "Run each experiment once per seed (skipping rows already in `out`), `jobs` processes at a time; returns the rows of these experiments and seeds (earlier and new)."
     out = Path(out) if out else None
     done = pd.read_csv(out, dtype={"table": str, "paper_table": str}, keep_default_na=False) if out and out.exists() else pd.DataFrame()
-    have = {tuple(r) for r in done[["table", "dataset", "partition", "clients", "method", "note", "seed"]].itertuples(index=False)} if len(done) else set()
+    wanted = {e.key(s) for e in experiments for s in seeds}
+    have = set()
+    if len(done):
+        keys = [tuple(r) for r in done[["table", "dataset", "partition", "clients", "method", "note", "seed"]].itertuples(index=False)]
+        done = done[[k in wanted for k in keys]]
+        have = {k for k in keys if k in wanted}
     todo = [(e, s) for e in experiments for s in seeds if e.key(s) not in have]
     rows, failed = [], []
     def keep(row):
@@ -1269,7 +1274,6 @@ def format_side_by_side(df: pd.DataFrame) -> pd.DataFrame:
 # %% ../nbs/21_opfgl_results.ipynb #9a6fa753
 def per_class_scores(y, pred, num_classes: int) -> pd.DataFrame:
     "Per class: test nodes, recall (= per-class accuracy), precision and F1."
-    import torch
     from fglit.metrics import confusion_matrix, f1_per_class
     cm = confusion_matrix(y, pred, num_classes).double()
     tp = cm.diag()
@@ -1289,7 +1293,6 @@ def per_class_analysis(dataset: str = "CiteSeer", partition: str = "louvain+", c
                        seed: int = 0, methods: dict | None = None, quick: bool = False) -> pd.DataFrame:
     "Per-class test scores of each method's model on one client (and of O-pFGL's stage-1 model $f_g$), with $h_c$ and class sizes."
     import torch
-    from fglit.algorithms.opfgl import opfgl_defaults
     from fglit.data import load_dataset
     from fglit.federation import get_algorithm, make_config, simulate
     from fglit.partition import partition as make_partition

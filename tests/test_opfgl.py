@@ -234,6 +234,7 @@ def test_reproduce_resumes(tmp_path, shared_root):
     assert len(first) == 1 and out.exists()
     second = reproduce(exps, seeds=(0,), out=out, quick=True, progress=False)
     assert len(second) == 1 and len(pd.read_csv(out)) == 1            # nothing re-run, nothing appended
+    assert len(reproduce([], seeds=(0,), out=out, progress=False)) == 0   # only the rows asked for come back
     with pytest.raises(ValueError):
         opfgl_experiments(tables=("99",))
 
