@@ -34,9 +34,9 @@ from .models import build_model, knn_graph
 # %% auto #0
 __all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'encode_message', 'decode_message',
            'message_nbytes', 'message_floats', 'ConfigError', 'FedConfig', 'make_config', 'Batch', 'LocalData',
-           'flat_state', 'load_flat_state', 'weighted_mean', 'ModelSpec', 'make_optimizer', 'Client', 'ClientInfo',
-           'Server', 'NodeUnion', 'Algorithm', 'register_algorithm', 'get_algorithm', 'round_seed', 'SeedRun',
-           'simulate', 'git_commit', 'RunResult', 'run']
+           'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'make_optimizer', 'Client',
+           'ClientInfo', 'Server', 'NodeUnion', 'Algorithm', 'register_algorithm', 'get_algorithm', 'round_seed',
+           'SeedRun', 'simulate', 'git_commit', 'RunResult', 'run']
 
 # %% ../nbs/03_federation.ipynb #d6ee5290
 Message = dict
@@ -232,6 +232,12 @@ def load_flat_state(model: nn.Module, vector: Tensor) -> None:
             t.copy_(vector[offset:offset + n].view_as(t)); offset += n
     if offset != vector.numel():
         raise ValueError(f"state vector has {vector.numel()} values, the model {offset}")
+
+def class_sums(emb: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
+    "Per-class sums of the rows of `emb` (`[C, d]`) and per-class counts (`[C]`, `emb`'s dtype) for labels `y` (differentiable in `emb`)."
+    sums = emb.new_zeros(num_classes, emb.size(1)).index_add_(0, y, emb)
+    counts = torch.bincount(y, minlength=num_classes).to(emb.dtype)
+    return sums, counts
 
 def weighted_mean(vectors: list[Tensor], weights: list[float]) -> Tensor:
     "Sum_i (w_i / sum w) v_i over stacked vectors."

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, make_optimizer, register_algorithm
+from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, make_optimizer,
+                              register_algorithm)
 from ..models import propagate_hops
 
 # %% auto #0
@@ -184,9 +185,8 @@ def class_moment_sums(feats: Tensor, y: Tensor, mask: Tensor, num_classes: int, 
     "Per-class `count` `[C]`, `sum` $\\sum_i \\bar x_i$ and `sum_sq` $\\sum_i \\bar x_i^2$ `[C, D]` over `mask`; classes under `min_count` zeroed."
     f = feats[mask].double()
     yy = y[mask]
-    count = torch.bincount(yy, minlength=num_classes).double()
-    s1 = torch.zeros(num_classes, f.size(1), dtype=torch.float64, device=f.device).index_add_(0, yy, f)
-    s2 = torch.zeros_like(s1).index_add_(0, yy, f * f)
+    s1, count = class_sums(f, yy, num_classes)
+    s2, _ = class_sums(f * f, yy, num_classes)
     keep = (count >= min_count).double()
     return {"count": count * keep, "sum": s1 * keep.unsqueeze(1), "sum_sq": s2 * keep.unsqueeze(1)}
 
@@ -228,12 +228,11 @@ def dense_gcn_norm(adj: Tensor) -> Tensor:
 
 def class_mean_std(feats: Tensor, labels: Tensor, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
     "Per-class mean and unbiased std `[C, D]` and counts `[C]` of `feats` (std 0 for classes with one node)."
-    count = torch.bincount(labels, minlength=num_classes).to(feats.dtype)
+    s1, count = class_sums(feats, labels, num_classes)
     n = count.unsqueeze(1)
-    s1 = torch.zeros(num_classes, feats.size(1), dtype=feats.dtype, device=feats.device).index_add(0, labels, feats)
     mean = s1 / n.clamp_min(1)
     dev = feats - mean[labels]
-    var = torch.zeros_like(s1).index_add(0, labels, dev * dev) / (n - 1).clamp_min(1)
+    var = class_sums(dev * dev, labels, num_classes)[0] / (n - 1).clamp_min(1)
     return mean, (var + 1e-12).sqrt() * (n > 1), count
 
 def smoothness_loss(x: Tensor, adj: Tensor) -> Tensor:

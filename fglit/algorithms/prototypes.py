@@ -12,20 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core import get_device
-from ..federation import Client, ConfigError, FedConfig, Message, Server, register_algorithm
+from ..federation import Client, ConfigError, FedConfig, Message, Server, class_sums, register_algorithm
 
 # %% auto #0
-__all__ = ['class_sums', 'prototypes_from_sums', 'aggregate_prototypes', 'FedProtoConfig', 'prototype_loss', 'nearest_prototype',
+__all__ = ['prototypes_from_sums', 'aggregate_prototypes', 'FedProtoConfig', 'prototype_loss', 'nearest_prototype',
            'PrototypeClassifier', 'FedProtoClient', 'FedProtoServer', 'FedTGPConfig', 'FedTGPClient',
            'TrainablePrototypes', 'adaptive_margin', 'margin_contrastive_loss', 'FedTGPServer']
 
 # %% ../../nbs/11_prototypes.ipynb #ac12a924
-def class_sums(emb: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
-    "Per-class sums of the rows of `emb` (`[C, d]`) and per-class counts (`[C]`, float) for labels `y`."
-    sums = emb.new_zeros(num_classes, emb.size(1)).index_add_(0, y, emb)
-    counts = torch.bincount(y, minlength=num_classes).to(emb.dtype)
-    return sums, counts
-
 def prototypes_from_sums(sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     "Prototypes `sums / counts` (zero rows where a count is 0) and the mask of classes with a positive count."
     mask = counts > 0
