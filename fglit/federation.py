@@ -29,14 +29,14 @@ from tqdm.auto import tqdm
 
 from .core import cpu_threads, get_device, reseed_torch, seed_everything
 from .metrics import SELECTIONS, WEIGHTINGS, classification_scores, client_average, grouped_scores, mean_std, select_round
-from .models import build_model, knn_graph
+from .models import MODELS, build_model, knn_graph
 
 # %% auto #0
 __all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'encode_message', 'decode_message',
            'message_nbytes', 'message_floats', 'ConfigError', 'FedConfig', 'make_config', 'Batch', 'LocalData',
-           'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'make_optimizer', 'Client',
-           'ClientInfo', 'Server', 'NodeUnion', 'Algorithm', 'register_algorithm', 'get_algorithm', 'round_seed',
-           'SeedRun', 'simulate', 'git_commit', 'RunResult', 'run']
+           'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'mlp_spec', 'client_spec',
+           'make_optimizer', 'Client', 'ClientInfo', 'Server', 'NodeUnion', 'Algorithm', 'register_algorithm',
+           'get_algorithm', 'round_seed', 'SeedRun', 'simulate', 'git_commit', 'RunResult', 'run']
 
 # %% ../nbs/03_federation.ipynb #d6ee5290
 Message = dict
@@ -119,10 +119,13 @@ class FedConfig:
     weighting: str = "nodes"
     eval_every: int = 1
     graphless_knn: int = 0        # > 0: graphless clients train on a cosine kNN graph of their features (Local-/Fed-GNNk)
+    graphless_model: str = ""     # a model name: graphless clients run it instead of `model` (Fed-GNNMLP, FedProto in FedGLS)
 
     def validate(self) -> None:
         "Raise `ConfigError` for values out of range."
         if self.graphless_knn < 0: raise ConfigError(f"graphless_knn must be >= 0, got {self.graphless_knn}")
+        if self.graphless_model and self.graphless_model.lower() not in MODELS:
+            raise ConfigError(f"graphless_model must be '' or one of {', '.join(MODELS)}; got {self.graphless_model!r}")
         for name in ("rounds", "hidden", "layers", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -271,6 +274,16 @@ class ModelSpec:
         opts = ", ".join(f"{k}={v}" for k, v in self.options)
         return f"{self.name}({self.layers}x{self.hidden}{', ' + opts if opts else ''})"
 
+def mlp_spec(spec: ModelSpec) -> ModelSpec:
+    "fglit's `MLP` as deep as `spec`'s model counting the head (`layers - 1` hidden layers), same width and dropout."
+    return spec.replace(name="mlp", layers=max(1, spec.layers - 1), options=())
+
+def client_spec(spec: ModelSpec, config: FedConfig, graphless: bool) -> ModelSpec:
+    "The model one client runs: `spec`, or on a graphless client `config.graphless_model` (`mlp`: `mlp_spec`)."
+    name = getattr(config, "graphless_model", "").lower()
+    if not (graphless and name): return spec
+    return mlp_spec(spec) if name == "mlp" else spec.replace(name=name, options=())
+
 def make_optimizer(model: nn.Module, config: FedConfig, lr: float | None = None) -> torch.optim.Optimizer:
     "The local optimizer: Adam or SGD (`config.optimizer`), fused (one kernel for all parameters: 3x faster steps on the CPU here); `lr` overrides `config.lr`."
     kind = torch.optim.SGD if config.optimizer == "sgd" else torch.optim.Adam
@@ -334,13 +347,18 @@ class Client:
         load_flat_state(self._scratch, message["params"])
         return self._scratch
 
+    def node_logits(self, model: nn.Module) -> Tensor:
+        "Class scores of every node of this client's graph under `model` (node tasks; FedGLS scores on its learned graph)."
+        g = self.data.graph
+        return model(g.x, g.edge_index)
+
     @torch.no_grad()
     def predict(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
         "(labels, predictions) of `model` on each split of the client's data."
         model.eval()
         if self.data.task == "node":
             g = self.data.graph
-            pred = model(g.x, g.edge_index).argmax(-1)
+            pred = self.node_logits(model).argmax(-1)
             return {s: (g.y[self.data.masks[s]], pred[self.data.masks[s]]) for s in splits}
         out = {}
         for s in splits:
@@ -351,10 +369,11 @@ class Client:
 
 @dataclass
 class ClientInfo:
-    "What a server may know about a client before any message: its id and data sizes."
+    "What a server may know about a client before any message: its id, data sizes and (if not the common one) its model."
     cid: int
     num_train: int
     num_items: int
+    spec: ModelSpec | None = None    # None: the run's common model
 
 class Server:
     "A federated server. Subclasses implement `broadcast` and `aggregate` (and `evaluation_message` for global evaluation)."
@@ -499,9 +518,10 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
     spec = ModelSpec(config.model or ("gcn" if task == "node" else "gin"), num_features, num_classes, task,
                      config.hidden, config.layers, config.dropout)
     data = [LocalData(c, task, config.batch_size, graphless_knn=config.graphless_knn) for c in clients_data]
-    infos = [ClientInfo(i, d.num_train, sum(d.counts.values())) for i, d in enumerate(data)]
+    specs = [client_spec(spec, config, d.graphless) for d in data]
+    infos = [ClientInfo(i, d.num_train, sum(d.counts.values()), None if s == spec else s) for i, (d, s) in enumerate(zip(data, specs))]
     server = algorithm.server(config, infos, spec)
-    clients = [algorithm.client(i, d, config, spec) for i, d in enumerate(data)]
+    clients = [algorithm.client(i, d, config, s) for i, (d, s) in enumerate(zip(data, specs))]
     select_rng = np.random.default_rng(seed)
     k = len(clients)
     per_round = max(1, int(round(config.client_fraction * k)))
@@ -617,8 +637,8 @@ def _partition_keywords(method: str) -> list[str]:
 
 def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
-        settings: dict | None = None, root=None, progress: bool | None = None) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above."
+        settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None) -> RunResult:
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`callback(round, server, clients)` after each aggregation)."
     from fglit.data import load_dataset
     from fglit.partition import partition as make_partition
     algo = get_algorithm(algorithm)
@@ -649,5 +669,5 @@ def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, 
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err).splitlines()[0]) from None
         runs.append(simulate(algo, part.clients, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
-                             progress=progress, desc=f"{algo.name} {ds.name} seed {seed}"))
+                             progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
     return RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, git_commit())

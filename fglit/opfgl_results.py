@@ -7,23 +7,20 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing as mp
 import time
-import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from .federation import run
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
 
 # %% auto #0
 __all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'PAPER_METRIC',
-           'PER_CLASS_METHODS', 'paper_numbers', 'Experiment', 'opfgl_experiments', 'reproduce', 'side_by_side',
-           'format_side_by_side', 'per_class_scores', 'per_class_analysis']
+           'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments', 'run_opfgl_experiment', 'reproduce',
+           'side_by_side', 'per_class_scores', 'per_class_analysis']
 
 # %% ../nbs/21_opfgl_results.ipynb #491310d7
 #| code-fold: true
@@ -1080,26 +1077,6 @@ def paper_numbers() -> pd.DataFrame:
     return df
 
 # %% ../nbs/21_opfgl_results.ipynb #d94a1541
-@dataclass(frozen=True)
-class Experiment:
-    "One table row as fglit runs it, and the paper cell it is compared with (`paper_table`, `paper_method`, `paper_note`)."
-    table: str
-    dataset: str
-    partition: str
-    clients: int
-    method: str
-    algorithm: str
-    settings: str = "{}"              # JSON of fglit settings
-    rounds: int | None = None
-    local_epochs: int | None = None
-    note: str = ""
-    paper_table: str = ""
-    paper_method: str = ""
-    paper_note: str = ""
-
-    def key(self, seed: int) -> tuple:
-        return (self.table, self.dataset, self.partition, self.clients, self.method, self.note, seed)
-
 PAPER_GCN = {"model": "kipfgcn"}   # the paper's 2-layer GCN, hidden 64, for every method (see 20_opfgl, "Settings")
 METHODS = {   # name in our tables -> (algorithm, rounds, local_epochs, settings, paper table override, paper method, paper note)
     "O-pFGL": ("opfgl", None, None, {}, None, "O-pFGL", ""),
@@ -1130,7 +1107,7 @@ def _exp(table, dataset, partition, clients, method, settings=None, note="", pap
                       rounds, epochs, note, paper_table if paper_table is not None else (HUNDRED_ROUND_TABLE.get(table, "") if override else table),
                       pmethod if paper_method is None else paper_method, pnote if paper_note is None else paper_note)
 
-def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "18", "22", "25", "fig3", "fig7", "fig8", "fig9", "fig10"),
+def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "17", "18", "22", "25", "fig3", "fig7", "fig8", "fig9", "fig10"),
                       datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "The reproduction grid: paper tables (and ablation figures) on the offline datasets."
     out = []
@@ -1167,7 +1144,7 @@ def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "18", "22", "25", 
                     for d in datasets if d != "Cora" for a in (0.05, 0.2, 1.0)]
         elif t == "fig10":   # number of clients on the largest graph available here (Photo), Metis
             out += [_exp(t, "Photo", "metis", k, m, note=f"{k} clients", paper_table="", paper_method="")
-                    for k in (10, 100) for m in ("O-pFGL", "Standalone", "FedAvg")]
+                    for k in (10, 100, 1000) for m in ("O-pFGL", "Standalone", "FedAvg")]
         else:
             raise ValueError(f"unknown table {t!r}; known: 1 1b 4 5 7 11 17 18 22 25 fig3 fig7 fig8 fig9 fig10")
     return out
@@ -1175,14 +1152,8 @@ def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "18", "22", "25", 
 # %% ../nbs/21_opfgl_results.ipynb #53c7fef9
 QUICK = {"opfgl": dict(surrogate_iters=200, stage1_iters=300, finetune_iters=300), "rounds": 10}
 
-def _run_one(exp: Experiment, seed: int, quick: bool = False) -> dict:
-    "One run as a result row; a run that fails returns a row with only its key and `error` (nothing is written for it)."
-    try:
-        return _run_one_unsafe(exp, seed, quick)
-    except Exception as err:                      # one broken setting must not stop the grid
-        return dict(**asdict(exp), seed=seed, error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-
-def _run_one_unsafe(exp: Experiment, seed: int, quick: bool = False) -> dict:
+def run_opfgl_experiment(exp: Experiment, seed: int, quick: bool = False) -> dict:
+    "One run of the grid as a result row (`quick`: shortened schedules)."
     settings = json.loads(exp.settings)
     rounds = exp.rounds
     if quick:
@@ -1199,40 +1170,8 @@ def _run_one_unsafe(exp: Experiment, seed: int, quick: bool = False) -> dict:
 
 def reproduce(experiments: list[Experiment], seeds=(0, 1, 2), out: str | Path | None = None, jobs: int = 1,
               quick: bool = False, progress: bool | None = None) -> pd.DataFrame:
-    "Run each experiment once per seed (skipping rows already in `out`), `jobs` processes at a time; returns the rows of these experiments and seeds (earlier and new)."
-    out = Path(out) if out else None
-    done = pd.read_csv(out, dtype={"table": str, "paper_table": str}, keep_default_na=False) if out and out.exists() else pd.DataFrame()
-    wanted = {e.key(s) for e in experiments for s in seeds}
-    have = set()
-    if len(done):
-        keys = [tuple(r) for r in done[["table", "dataset", "partition", "clients", "method", "note", "seed"]].itertuples(index=False)]
-        done = done[[k in wanted for k in keys]]
-        have = {k for k in keys if k in wanted}
-    todo = [(e, s) for e in experiments for s in seeds if e.key(s) not in have]
-    rows, failed = [], []
-    def keep(row):
-        if "error" in row:
-            failed.append(row)
-            tqdm.write(f"reproduce: {row['table']} {row['dataset']} {row['method']} {row['note']} seed {row['seed']} failed: {row['error']}")
-            return
-        rows.append(row)
-        if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists() or out.stat().st_size == 0, index=False)
-    bar = tqdm(total=len(todo), desc="reproduce", disable=not (progress if progress is not None else True))
-    if jobs <= 1:
-        for e, s in todo:
-            keep(_run_one(e, s, quick)); bar.update()
-    else:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_run_one, e, s, quick) for e, s in todo]
-            for f in as_completed(futures):
-                keep(f.result()); bar.update()
-    bar.close()
-    if failed: warnings.warn(f"{len(failed)} run(s) failed and were not recorded (rerun to retry): "
-                             + "; ".join(f"{r['table']}/{r['dataset']}/{r['method']}/seed {r['seed']}: {r['error']}" for r in failed))
-    new = pd.DataFrame(rows)
-    return pd.concat([done, new], ignore_index=True) if len(done) else new
+    "Run the O-pFGL grid (see `fglit.reproduction.run_grid`): resumable, `jobs` processes, rows of these experiments and seeds."
+    return run_grid(experiments, run_opfgl_experiment, seeds, out, jobs, quick, progress)
 
 # %% ../nbs/21_opfgl_results.ipynb #9b5cc2ed
 PAPER_METRIC = {"accuracy": "accuracy", "f1_macro": "f1_macro", "f1_macro_present": "f1_macro"}
@@ -1240,36 +1179,7 @@ PAPER_METRIC = {"accuracy": "accuracy", "f1_macro": "f1_macro", "f1_macro_presen
 def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None,
                  metrics=("accuracy", "f1_macro", "f1_macro_present")) -> pd.DataFrame:
     "Ours (mean, std over seeds, percent) beside the paper's cell and the difference, one row per experiment and metric (both F1 conventions against the paper's one F1)."
-    paper = paper_numbers() if paper is None else paper
-    keys = ["table", "dataset", "partition", "clients", "method", "note", "paper_table", "paper_method", "paper_note"]
-    res = results.copy()
-    for k in ("paper_table", "paper_method", "paper_note", "note"):
-        res[k] = res[k].fillna("").astype(str)
-    res["paper_table"] = res["paper_table"].str.replace(r"\.0$", "", regex=True)
-    rows = []
-    for key, g in res.groupby(keys, sort=False):
-        row = dict(zip(keys, key))
-        for m in metrics:
-            vals = 100 * g[m].astype(float)
-            hit = paper[(paper.table == row["paper_table"]) & (paper.dataset == row["dataset"]) & (paper.method == row["paper_method"])
-                        & (paper.metric == PAPER_METRIC[m]) & (paper.note == row["paper_note"])] if row["paper_table"] else paper.iloc[:0]
-            p = hit.iloc[0] if len(hit) else None
-            rows.append(dict(table=row["table"], dataset=row["dataset"], partition=row["partition"], clients=row["clients"],
-                             method=row["method"] + (f" [{row['note']}]" if row["note"] else ""), metric=m, seeds=len(g),
-                             ours=vals.mean(), ours_std=vals.std(ddof=0) if len(g) > 1 else np.nan,
-                             paper=p["mean"] if p is not None else np.nan, paper_std=p["std"] if p is not None else np.nan))
-    df = pd.DataFrame(rows)
-    df["diff"] = df["ours"] - df["paper"]
-    return df
-
-def format_side_by_side(df: pd.DataFrame) -> pd.DataFrame:
-    "One row per method, columns `dataset metric`: 'ours ± std | paper (diff)'."
-    def cell(r):
-        ours = f"{r.ours:.2f}" + (f" ± {r.ours_std:.2f}" if pd.notna(r.ours_std) else "")
-        return ours + (f" | {r.paper:.2f} ({r['diff']:+.2f})" if pd.notna(r.paper) else " | –")
-    names = {"accuracy": "Acc", "f1_macro": "F1", "f1_macro_present": "F1 (present)"}
-    t = df.assign(cell=df.apply(cell, axis=1), col=df.dataset + " " + df.metric.map(names))
-    return t.pivot_table(index="method", columns="col", values="cell", aggfunc="first", sort=False)
+    return compare_with_paper(results, paper_numbers() if paper is None else paper, metrics, PAPER_METRIC)
 
 # %% ../nbs/21_opfgl_results.ipynb #9a6fa753
 def per_class_scores(y, pred, num_classes: int) -> pd.DataFrame:

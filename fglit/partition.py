@@ -271,8 +271,9 @@ def _pack(parts: np.ndarray, num_clients: int) -> np.ndarray:
     return owner[parts]
 
 # %% ../nbs/01_partition.ipynb #de607fbc
-def _cluster_parts(parts: np.ndarray, y: np.ndarray, num_classes: int, num_clients: int, seed: int) -> tuple[np.ndarray, int]:
-    "Client of every node: K-means (seeded) of the parts' normalised label histograms; empty clusters refilled."
+def _cluster_parts(parts: np.ndarray, y: np.ndarray, num_classes: int, num_clients: int, seed: int,
+                   min_nodes: int = 1) -> tuple[np.ndarray, int]:
+    "Client of every node: K-means (seeded) of the parts' label histograms; empty or tiny (< `min_nodes`) clusters refilled."
     from sklearn.cluster import KMeans
     from sklearn.exceptions import ConvergenceWarning
     P = int(parts.max()) + 1
@@ -292,6 +293,19 @@ def _cluster_parts(parts: np.ndarray, y: np.ndarray, num_classes: int, num_clien
         far = members[np.argmax(((dist[members] - centres[donor]) ** 2).sum(1))]
         lab[far], counts[donor], counts[empty] = empty, counts[donor] - 1, 1
         refilled += 1
+    part_nodes = np.bincount(parts, minlength=P)
+    for small in range(num_clients):
+        nodes = np.bincount(lab, weights=part_nodes, minlength=num_clients)
+        if nodes[small] >= min_nodes: continue
+        refilled += 1
+        while nodes[small] < min_nodes:
+            donor = int(np.argmax(nodes))
+            members = np.flatnonzero(lab == donor)
+            if len(members) < 2 or donor == small: break        # nothing left to give: the split check reports it
+            mix = hist[lab == small].sum(0); mix = mix / mix.sum()
+            near = members[np.argmin(((dist[members] - mix) ** 2).sum(1))]
+            lab[near] = small
+            nodes[donor] -= part_nodes[near]; nodes[small] += part_nodes[near]
     return lab[parts], refilled
 
 # %% ../nbs/01_partition.ipynb #b04fff8d
@@ -698,42 +712,71 @@ def community_graph(num_nodes: int, num_edges: int, num_communities: int, p_in: 
     return Data(x=x, edge_index=edge_index, y=torch.from_numpy(y.astype(np.int64)), num_nodes=num_nodes)
 
 # %% ../nbs/01_partition.ipynb #92a13492
+def _min_client_nodes(src, K: int, min_client_nodes) -> int:
+    "Smallest client a label-imbalance split may return: the argument, else a tenth of the mean client size."
+    if min_client_nodes is None: return max(src.size // (10 * K), 1)
+    return _check_int("min_client_nodes", min_client_nodes, 1, src.size // K, why=f" (at most N // num_clients = {src.size // K})")
+
 def louvain_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 100, delta: int = 20,
-                 resolution: float = 1.0, split=None, folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
+                 resolution: float = 1.0, min_client_nodes: int | None = None, split=None, folds: int | None = None,
+                 graphless_ratio: float = 0.0) -> Partition:
     "Louvain+ (O-pFGL / OpenFGL): Louvain parts capped at `N // num_parts - delta` nodes, K-means on their label mixes."
     src = _as_source(dataset); _need_task(src, "louvain+", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "louvain+")
     num_parts = _check_int("num_parts", num_parts, 1)
     delta = _check_int("delta", delta, 0)
     resolution = _check_real("resolution", resolution, 0.0, math.inf, lo_open=True)
-    params.update(num_parts=num_parts, delta=delta, resolution=resolution)
+    min_nodes = _min_client_nodes(src, K, min_client_nodes)
+    params.update(num_parts=num_parts, delta=delta, resolution=resolution, min_client_nodes=min_nodes)
     labels = louvain_labels(src.data.edge_index, src.size, seed, resolution)
     cap = max(src.size // num_parts - delta, 1)
     parts = _cap_parts(labels, cap)
-    assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed)
+    assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed, min_nodes)
     info = dict(communities=int(labels.max()) + 1, cap=cap, parts=int(parts.max()) + 1, refilled_clusters=refilled)
     return _tail(src, "louvain+", K, seed, params, assign, info, split, folds, graphless_ratio)
 
-def metis_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 100, split=None,
-               folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
+def metis_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 100, min_client_nodes: int | None = None,
+               split=None, folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
     "Metis+ (O-pFGL / OpenFGL): METIS into `num_parts` parts, K-means on their label mixes."
     src = _as_source(dataset); _need_task(src, "metis+", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "metis+")
     num_parts = _check_int("num_parts", num_parts, 1)
-    params.update(num_parts=num_parts)
+    min_nodes = _min_client_nodes(src, K, min_client_nodes)
+    params.update(num_parts=num_parts, min_client_nodes=min_nodes)
     parts = _canonical(metis_labels(src.data.edge_index, src.size, min(num_parts, src.size), seed))
-    assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed)
+    assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed, min_nodes)
     info = dict(parts=int(parts.max()) + 1, refilled_clusters=refilled)
     return _tail(src, "metis+", K, seed, params, assign, info, split, folds, graphless_ratio)
 
 # %% ../nbs/01_partition.ipynb #3915e790
+def _fill_small_parts(assign: np.ndarray, edge_index, num_parts: int, seed: int, min_nodes: int = 1) -> tuple[np.ndarray, int]:
+    "Give every part under `min_nodes` nodes one METIS half of the currently largest part; returns labels and count."
+    assign = assign.copy()
+    u, v = _simple_edges(edge_index, len(assign))
+    sizes = np.bincount(assign, minlength=num_parts)
+    filled = 0
+    for empty in np.flatnonzero(sizes < min_nodes):
+        big = int(np.argmax(sizes))
+        if sizes[big] < 2: break                                 # nothing to halve: _tail reports the empty client
+        members = np.flatnonzero(assign == big)
+        local = np.full(len(assign), -1, dtype=np.int64); local[members] = np.arange(len(members))
+        keep = (local[u] >= 0) & (local[v] >= 0)
+        sub = torch.from_numpy(np.stack([local[u[keep]], local[v[keep]]]))
+        halves = metis_labels(sub, len(members), 2, seed)
+        if halves.min() == halves.max(): halves = (np.arange(len(members)) >= len(members) // 2).astype(np.int64)
+        assign[members[halves == 1]] = empty
+        sizes[empty], sizes[big] = sizes[empty] + int((halves == 1).sum()), int((halves == 0).sum())
+        filled += 1
+    return assign, filled
+
 def metis(dataset, num_clients: int, seed: int = 0, *, split=None, folds: int | None = None,
           graphless_ratio: float = 0.0) -> Partition:
     "METIS into K parts, one per client (FedPG default)."
     src = _as_source(dataset); _need_task(src, "metis", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "metis")
-    assign = metis_labels(src.data.edge_index, src.size, K, seed)
-    return _tail(src, "metis", K, seed, params, assign, {}, split, folds, graphless_ratio)
+    need = int((np.asarray(resolve_split(split, src.task)) > 0).sum())
+    assign, bisected = _fill_small_parts(metis_labels(src.data.edge_index, src.size, K, seed), src.data.edge_index, K, seed, max(need, 1))
+    return _tail(src, "metis", K, seed, params, assign, dict(bisected=bisected) if bisected else {}, split, folds, graphless_ratio)
 
 # %% ../nbs/01_partition.ipynb #c42bb019
 def dirichlet(dataset, num_clients: int, seed: int = 0, *, alpha: float = 0.5, min_size: int = 10,

@@ -62,25 +62,38 @@ class FedAvgClient(Client):
         return self.reply() if _federating(self.config, rnd) else {}
 
 class FedAvgServer(Server):
-    "Holds the global weights; aggregates by the training-size-weighted mean."
+    "Holds the global weights; aggregates by the training-size-weighted mean (clients running another model: one mean per model)."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.params = flat_state(spec.build())
+        self.group_params = {s: flat_state(s.build()) for s in dict.fromkeys(c.spec for c in clients if c.spec is not None)}
+
+    def _group(self, cid: int):
+        return self.clients[cid].spec
+
+    def _params(self, cid: int) -> Tensor:
+        g = self._group(cid)
+        return self.params if g is None else self.group_params[g]
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
         F = getattr(self.config, "federated_rounds", 0)
         if F and rnd > F + 1: return {cid: {} for cid in cids}          # fine-tuning: nothing more to send
-        return {cid: {"params": self.params} for cid in cids}
+        return {cid: {"params": self._params(cid)} for cid in cids}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
         if not _federating(self.config, rnd): return
-        self.params = weighted_mean([r["params"] for r in replies.values()], [r["weight"] for r in replies.values()])
+        groups: dict = {}
+        for cid, r in replies.items(): groups.setdefault(self._group(cid), []).append(r)
+        for g, rs in groups.items():
+            mean = weighted_mean([r["params"] for r in rs], [r["weight"] for r in rs])
+            if g is None: self.params = mean
+            else: self.group_params[g] = mean
 
     def evaluation_message(self, cid: int) -> Message:
-        return {"params": self.params}
+        return {"params": self._params(cid)}
 
-    def shared_evaluation_message(self) -> Message:
-        return {"params": self.params}
+    def shared_evaluation_message(self) -> Message | None:
+        return None if self.group_params else {"params": self.params}
 
 register_algorithm("fedavg", FedAvgClient, FedAvgServer, FedAvgConfig, paper="McMahan et al., AISTATS 2017")
 
@@ -176,6 +189,7 @@ class ScaffoldServer(FedAvgServer):
     "Global weights and the server control variate."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
+        if self.group_params: raise ConfigError("SCAFFOLD needs the same model on every client; unset graphless_model")
         self.control = torch.zeros_like(_param_vector(spec.build()))
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:

@@ -13,12 +13,12 @@ from torch import Tensor, nn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
-                              load_flat_state, make_optimizer, register_algorithm, weighted_mean)
+                              load_flat_state, make_optimizer, mlp_spec, register_algorithm, weighted_mean)
 from ..models import dropout, knn_indices
 
 # %% auto #0
 __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEncoder', 'MLPGraphEncoder', 'GraphLearner',
-           'contrastive_loss', 'distillation_loss', 'encoder_spec', 'FedGLSClient', 'FedGLSServer']
+           'contrastive_loss', 'distillation_loss', 'FedGLSClient', 'FedGLSServer']
 
 # %% ../../nbs/40_fedgls.ipynb #fded6bf8
 @dataclass
@@ -31,6 +31,7 @@ class FedGLSConfig(FedConfig):
     layers: int = 2                 # GCN layers (the MLP has the same depth)
     dropout: float = 0.5
     lr: float = 0.01                # GNN
+    weight_decay: float = 0.0       # the paper names Adam and its learning rates only
     mlp_lr: float = 0.01
     learner_lr: float = 0.001
     temperature: float = 0.2
@@ -102,14 +103,25 @@ class GraphLearner(nn.Module):
         self.k = k
         self.encoder = AttentiveEncoder(dim, layers) if kind == "attentive" else MLPGraphEncoder(dim, layers)
 
+    def kept_similarities(self, emb: Tensor, block_rows: int | None = None) -> tuple[Tensor, Tensor]:
+        "Each row's own and its top-k other cosine similarities `[n, k+1]` (with gradients) and their columns, in row blocks."
+        n = emb.size(0); k = min(self.k, n - 1)
+        block_rows = block_rows or max(1, (1 << 24) // max(n, 1))               # ~16M similarities per block
+        sims, cols = [], []
+        for a in range(0, n, block_rows):
+            rows = torch.arange(a, min(a + block_rows, n), device=emb.device)
+            S = emb[rows] @ emb.T                                                # one block of Phi, differentiable
+            masked = S.detach().clone(); masked[rows - a, rows] = -float("inf")
+            nbr = torch.cat([rows.unsqueeze(1), masked.topk(k, dim=1).indices], 1)  # itself + its top k
+            sims.append(S.gather(1, nbr)); cols.append(nbr)                     # the block itself is not kept for backward
+        return torch.cat(sims), torch.cat(cols)
+
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         n = x.size(0)
         emb = F.normalize(self.encoder(x), dim=1)
-        idx = knn_indices(emb.detach(), self.k)                                  # [n, k'] other nodes
-        rows = torch.arange(n, device=x.device)
-        nbr = torch.cat([rows.unsqueeze(1), idx], 1)                              # itself + its top k
-        src = rows.repeat_interleave(nbr.size(1)); dst = nbr.reshape(-1)
-        sim = F.relu((emb[src] * emb[dst]).sum(1))                               # kept similarities, with gradients
+        sim, nbr = self.kept_similarities(emb)
+        src = torch.arange(n, device=x.device).repeat_interleave(nbr.size(1)); dst = nbr.reshape(-1)
+        sim = F.relu(sim.reshape(-1))                                            # kept similarities, with gradients
         ei = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], 1)    # (S + S^T) / 2 ...
         key = ei[0] * n + ei[1]
         uniq, inv = torch.unique(key, return_inverse=True)
@@ -133,16 +145,12 @@ def distillation_loss(teacher_logits: Tensor, student_logits: Tensor) -> Tensor:
     return (t.exp() * (t - F.log_softmax(student_logits, -1))).sum(-1).mean()
 
 # %% ../../nbs/40_fedgls.ipynb #d4a2674b
-def encoder_spec(spec: ModelSpec) -> ModelSpec:
-    "The feature encoder $h$: fglit's `MLP` with the GNN's width, dropout and depth (its head counts as a layer)."
-    return spec.replace(name="mlp", layers=max(1, spec.layers - 1), options=())
-
 class FedGLSClient(Client):
     "A FedGLS client: GNN + feature encoder (shared), and on graphless clients a local graph learner."
     def __init__(self, cid, data: LocalData, config: FedGLSConfig, spec: ModelSpec):
         super().__init__(cid, data, config, spec)
         g = data.graph
-        self.mlp = encoder_spec(spec).build()
+        self.mlp = mlp_spec(spec).build()
         self.mlp_optimizer = make_optimizer(self.mlp, config, config.mlp_lr)
         self.graphless = data.graphless
         self.x = g.x.to_dense() if g.x.layout != torch.strided else g.x
@@ -204,20 +212,16 @@ class FedGLSClient(Client):
         self.history.append(dict(round=rnd, client=self.cid, graphless=self.graphless, contrastive=cl, cross_entropy=ce, distillation=kd))
         return {"gnn": flat_state(self.model), "mlp": flat_state(self.mlp), "weight": float(self.data.graph.num_nodes)}
 
-    # -- evaluation: the global GNN (the base client's `evaluation_model`) on this client's graph ------------
-    @torch.no_grad()
-    def predict(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
-        model.eval()
-        _, logits = gcn_forward(model, self.x, *self.edges)
-        pred, g = logits.argmax(-1), self.data.graph
-        return {s: (g.y[self.data.masks[s]], pred[self.data.masks[s]]) for s in splits}
+    # -- evaluation: the global GNN (the base client's `evaluation_model`) on this client's graph (A or S) ------
+    def node_logits(self, model: nn.Module) -> Tensor:
+        return gcn_forward(model, self.x, *self.edges)[1]
 
 class FedGLSServer(Server):
     "FedAvg of the GNN and of the feature encoder, weighted by the clients' node counts."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.gnn = flat_state(spec.build())
-        self.mlp = flat_state(encoder_spec(spec).build())
+        self.mlp = flat_state(mlp_spec(spec).build())
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
         return {cid: {"gnn": self.gnn, "mlp": self.mlp} for cid in cids}
