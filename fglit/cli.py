@@ -120,6 +120,7 @@ def cmd_demo(args) -> int:
 
 REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, default CSV)
     "opfgl": ("fglit.opfgl_results", "opfgl_experiments", "results/opfgl/runs.csv"),
+    "fedgls": ("fglit.fedgls_results", "fedgls_experiments", "results/fedgls/runs.csv"),
 }
 
 def cmd_reproduce(args) -> int:
@@ -136,7 +137,8 @@ def cmd_reproduce(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    results = module.reproduce(experiments, seeds=tuple(args.seeds), out=args.out or default_out, jobs=args.jobs,
+    seeds = {"seeds": tuple(args.seeds)} if args.seeds else {}          # else the paper's own number of runs
+    results = module.reproduce(experiments, **seeds, out=args.out or default_out, jobs=args.jobs,
                                quick=args.quick, progress=not args.quiet)
     table = module.side_by_side(results)
     if args.json:
@@ -189,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paper", help=", ".join(REPRODUCTIONS))
     p.add_argument("--tables", nargs="+", help="which tables/figures (default: all of the paper's grid)")
     p.add_argument("--datasets", nargs="+", help="datasets for the tables that take them (default: the offline ones)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: as many as the paper ran: O-pFGL 3, FedGLS 5)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; each uses one CPU thread)")
     p.add_argument("--out", help="results CSV, appended to and resumed from (default: results/<paper>/runs.csv)")
     p.add_argument("--quick", action="store_true", help="shortened schedules (a smoke test, not a reproduction)")

@@ -374,6 +374,7 @@ class ClientInfo:
     num_train: int
     num_items: int
     spec: ModelSpec | None = None    # None: the run's common model
+    graphless: bool = False          # the client holds no edges
 
 class Server:
     "A federated server. Subclasses implement `broadcast` and `aggregate` (and `evaluation_message` for global evaluation)."
@@ -519,7 +520,8 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
                      config.hidden, config.layers, config.dropout)
     data = [LocalData(c, task, config.batch_size, graphless_knn=config.graphless_knn) for c in clients_data]
     specs = [client_spec(spec, config, d.graphless) for d in data]
-    infos = [ClientInfo(i, d.num_train, sum(d.counts.values()), None if s == spec else s) for i, (d, s) in enumerate(zip(data, specs))]
+    infos = [ClientInfo(i, d.num_train, sum(d.counts.values()), None if s == spec else s, d.graphless)
+             for i, (d, s) in enumerate(zip(data, specs))]
     server = algorithm.server(config, infos, spec)
     clients = [algorithm.client(i, d, config, s) for i, (d, s) in enumerate(zip(data, specs))]
     select_rng = np.random.default_rng(seed)

@@ -214,3 +214,35 @@ def test_progress_bars_rounds_clients_and_silence(cora, monkeypatch, capsys):
     assert "fedavg Cora seed 0" in err and "round 2: clients" in err and "val=" in err
     run("fedavg", cora, "louvain", 3, rounds=2, local_epochs=1, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_fedavg_averages_each_model_among_the_clients_running_it():
+    from fglit.algorithms.fedavg import FedAvgConfig, FedAvgServer
+    from fglit.federation import ClientInfo, ModelSpec, flat_state, mlp_spec
+    spec = ModelSpec("gcn", 5, 3, "node", 8, 2, 0.0)
+    mlp = mlp_spec(spec)
+    infos = [ClientInfo(0, 4, 4), ClientInfo(1, 4, 4, mlp, True), ClientInfo(2, 4, 4), ClientInfo(3, 4, 4, mlp, True)]
+    server = FedAvgServer(FedAvgConfig(), infos, spec)
+    n_gcn, n_mlp = len(flat_state(spec.build())), len(flat_state(mlp.build()))
+    assert n_gcn != n_mlp
+    down = server.broadcast(1, [0, 1, 2, 3])
+    assert [len(down[c]["params"]) for c in range(4)] == [n_gcn, n_mlp, n_gcn, n_mlp]
+    replies = {c: {"params": torch.full((len(down[c]["params"]),), float(c)), "weight": float(c + 1)} for c in range(4)}
+    server.aggregate(1, replies)
+    assert torch.allclose(server.params, torch.full((n_gcn,), (0 * 1 + 2 * 3) / 4))      # clients 0 and 2
+    assert torch.allclose(server.group_params[mlp], torch.full((n_mlp,), (1 * 2 + 3 * 4) / 6))   # clients 1 and 3
+    assert server.shared_evaluation_message() is None and len(server.evaluation_message(3)["params"]) == n_mlp
+
+
+def test_graphless_model_runs_the_mlp_on_graphless_clients_only(shared_root):
+    from fglit.federation import ConfigError, run
+    seen = {}
+    res = run("fedavg", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0], progress=False,
+              settings=dict(graphless_ratio=0.5, graphless_model="mlp", model="kipfgcn"),
+              callback=lambda rnd, server, clients: seen.update({c.cid: (c.data.graphless, c.spec.name) for c in clients}))
+    assert sorted(seen.values()) == [(False, "kipfgcn"), (False, "kipfgcn"), (True, "mlp"), (True, "mlp")]
+    assert res.per_round().test_accuracy.notna().all()
+    with pytest.raises(ConfigError, match="graphless_model must be"):
+        run("fedavg", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_model="nope"), progress=False)
+    with pytest.raises(ConfigError, match="SCAFFOLD needs the same model"):
+        run("scaffold", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_ratio=0.5, graphless_model="mlp"), progress=False)

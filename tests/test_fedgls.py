@@ -83,12 +83,27 @@ def test_fedgls_runs_and_graphless_knn_option(shared_root):
     assert knn.config["graphless_knn"] == 5 and knn.summary()["accuracy_mean"] > 0
 
 
-@pytest.mark.parametrize("ratio", [0.0, 1.0])
-def test_fedgls_with_no_or_all_graphless_clients(shared_root, ratio):
+@pytest.mark.parametrize("ratio, message", [(0.0, "no client is graphless"), (1.0, "every client is graphless")])
+def test_fedgls_with_no_or_all_graphless_clients(shared_root, ratio, message):
     from fglit.federation import run
-    res = run("fedgls", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0],
-              settings=dict(mode="largest", graphless_ratio=ratio, split="fedgls"), progress=False)
+    with pytest.warns(UserWarning, match=message):
+        res = run("fedgls", "Cora", "louvain", 4, rounds=2, local_epochs=1, seeds=[0],
+                  settings=dict(mode="largest", graphless_ratio=ratio, split="fedgls"), progress=False)
     assert res.per_round().test_accuracy.notna().all()
+
+
+def test_fedgls_refuses_other_graphless_treatments(shared_root):
+    from fglit.federation import ConfigError, run
+    for extra in ({"graphless_model": "mlp"}, {"graphless_knn": 5}):
+        with pytest.raises(ConfigError, match="learns the graphless clients' graphs itself"):
+            run("fedgls", "Cora", "louvain", 4, rounds=1, seeds=[0], settings=dict(graphless_ratio=0.5, **extra), progress=False)
+
+
+def test_graph_learner_keeps_a_self_loop_for_an_all_zero_feature_row():
+    x = torch.rand(6, 4); x[2] = 0                                     # an all-zero row: cosine similarity 0 to everything
+    ei, w = GraphLearner(4, k=2)(x)
+    self_loop = (ei[0] == 2) & (ei[1] == 2)
+    assert self_loop.sum() == 1 and w[self_loop].item() > 0 and torch.isfinite(w).all()
 
 
 def test_graph_learner_on_a_client_smaller_than_k():

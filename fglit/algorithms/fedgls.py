@@ -5,6 +5,7 @@
 # %% ../../nbs/40_fedgls.ipynb #11966a5d
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
                               load_flat_state, make_optimizer, mlp_spec, register_algorithm, weighted_mean)
-from ..models import dropout, knn_indices
+from ..models import dropout
 
 # %% auto #0
 __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEncoder', 'MLPGraphEncoder', 'GraphLearner',
@@ -46,6 +47,8 @@ class FedGLSConfig(FedConfig):
         for name, allowed in (("learner", ("attentive", "mlp")), ("outputs", ("logits", "embeddings"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if self.graphless_model or self.graphless_knn:
+            raise ConfigError("FedGLS learns the graphless clients' graphs itself: leave graphless_model and graphless_knn unset")
         for name in ("k", "learner_layers"):
             if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature <= 0 or self.mlp_lr <= 0 or self.learner_lr <= 0:
@@ -112,8 +115,10 @@ class GraphLearner(nn.Module):
             rows = torch.arange(a, min(a + block_rows, n), device=emb.device)
             S = emb[rows] @ emb.T                                                # one block of Phi, differentiable
             masked = S.detach().clone(); masked[rows - a, rows] = -float("inf")
-            nbr = torch.cat([rows.unsqueeze(1), masked.topk(k, dim=1).indices], 1)  # itself + its top k
-            sims.append(S.gather(1, nbr)); cols.append(nbr)                     # the block itself is not kept for backward
+            top = masked.topk(k, dim=1).indices
+            # itself (similarity 1, as cosine gives any non-zero row; also for an all-zero row) + its top k
+            sims.append(torch.cat([torch.ones(len(rows), 1, device=emb.device), S.gather(1, top)], 1))
+            cols.append(torch.cat([rows.unsqueeze(1), top], 1))                 # the block itself is not kept for backward
         return torch.cat(sims), torch.cat(cols)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -220,6 +225,12 @@ class FedGLSServer(Server):
     "FedAvg of the GNN and of the feature encoder, weighted by the clients' node counts."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
+        graphless = sum(c.graphless for c in clients)
+        if graphless == 0:
+            warnings.warn("FedGLS: no client is graphless, so no graph learner runs; this is FedAvg of the GNN plus a distilled MLP")
+        elif graphless == len(clients):
+            warnings.warn("FedGLS: every client is graphless, so no real graph trains the GNN the learners align with "
+                          "(the paper's setting has clients with edges); expect kNN-graph-like accuracy")
         self.gnn = flat_state(spec.build())
         self.mlp = flat_state(mlp_spec(spec).build())
 
