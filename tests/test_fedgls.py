@@ -130,3 +130,26 @@ def test_fedgls_with_zero_local_epochs(shared_root):
     res = run("fedgls", "Cora", "louvain", 4, rounds=1, local_epochs=0, seeds=[0],
               settings=dict(mode="largest", graphless_ratio=0.5, split="fedgls"), progress=False)
     assert res.per_round().test_accuracy.notna().all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 8), st.integers(1, 64), st.integers(0, 1000))
+def test_kept_similarities_and_their_gradients_equal_the_plain_products(n, k, block, seed):
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 6, generator=g, dtype=torch.float64)
+    learner = GraphLearner(6, k).double()
+    with torch.no_grad():
+        for w in learner.encoder.weights: w.uniform_(0.5, 1.5, generator=g)
+    emb = F.normalize(learner.encoder(x), dim=1)
+    sims, cols = learner.kept_similarities(emb, block_rows=block)
+    kk = min(k, n - 1)
+    assert sims.shape == (n, kk + 1) and (cols[:, 0] == torch.arange(n)).all()
+    plain = (emb.unsqueeze(1) * emb[cols]).sum(-1)
+    assert torch.allclose(sims[:, 1:], plain[:, 1:])
+    dense = emb @ emb.T; dense.fill_diagonal_(-float("inf"))
+    assert torch.allclose(sims[:, 1:].sort(1).values, dense.topk(kk, 1).values.sort(1).values)   # the top k, in any block size
+    weights = torch.rand(n, kk + 1, generator=g, dtype=torch.float64)
+    ours = torch.autograd.grad((sims * weights).sum(), learner.encoder.weights[0], retain_graph=True)[0]
+    ref = torch.autograd.grad((plain[:, 1:] * weights[:, 1:]).sum(), learner.encoder.weights[0])[0]
+    assert torch.allclose(ours, ref)

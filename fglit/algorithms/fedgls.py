@@ -19,7 +19,8 @@ from ..models import dropout
 
 # %% auto #0
 __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEncoder', 'MLPGraphEncoder', 'GraphLearner',
-           'contrastive_loss', 'distillation_loss', 'FedGLSClient', 'FedGLSServer']
+           'contrastive_loss', 'distillation_loss', 'FedGLSClient', 'FedGLSServer', 'edge_overlap',
+           'measure_graph_learner']
 
 # %% ../../nbs/40_fedgls.ipynb #fded6bf8
 @dataclass
@@ -99,6 +100,20 @@ class MLPGraphEncoder(nn.Module):
             if i < len(self.lins) - 1: x = F.relu(x)
         return x
 
+class _KeptProducts(torch.autograd.Function):
+    "Dot products $e_i \\cdot e_j$ of the kept pairs, given their values; backward through two sparse products, $O(nkd)$ time, $O(nk)$ memory."
+    @staticmethod
+    def forward(ctx, emb, rows, cols, values):
+        ctx.save_for_backward(emb, rows, cols)
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        emb, rows, cols = ctx.saved_tensors
+        n = emb.size(0)
+        G = torch.sparse_coo_tensor(torch.stack([rows, cols]), grad, (n, n), check_invariants=False)   # d(sum g_ij e_i.e_j)/de = G e + G^T e
+        return torch.sparse.mm(G, emb) + torch.sparse.mm(G.t(), emb), None, None, None
+
 class GraphLearner(nn.Module):
     "Features -> the learned, sparse, symmetric, normalised graph $S$ as a weighted edge list."
     def __init__(self, dim: int, k: int, kind: str = "attentive", layers: int = 2):
@@ -110,16 +125,20 @@ class GraphLearner(nn.Module):
         "Each row's own and its top-k other cosine similarities `[n, k+1]` (with gradients) and their columns, in row blocks."
         n = emb.size(0); k = min(self.k, n - 1)
         block_rows = block_rows or max(1, (1 << 24) // max(n, 1))               # ~16M similarities per block
-        sims, cols = [], []
-        for a in range(0, n, block_rows):
-            rows = torch.arange(a, min(a + block_rows, n), device=emb.device)
-            S = emb[rows] @ emb.T                                                # one block of Phi, differentiable
-            masked = S.detach().clone(); masked[rows - a, rows] = -float("inf")
-            top = masked.topk(k, dim=1).indices
-            # itself (similarity 1, as cosine gives any non-zero row; also for an all-zero row) + its top k
-            sims.append(torch.cat([torch.ones(len(rows), 1, device=emb.device), S.gather(1, top)], 1))
-            cols.append(torch.cat([rows.unsqueeze(1), top], 1))                 # the block itself is not kept for backward
-        return torch.cat(sims), torch.cat(cols)
+        vals, cols = [], []
+        with torch.no_grad():
+            for a in range(0, n, block_rows):
+                rows = torch.arange(a, min(a + block_rows, n), device=emb.device)
+                S = emb[rows] @ emb.T                                            # one block of Phi
+                S[rows - a, rows] = -float("inf")
+                v, c = S.topk(k, dim=1)
+                vals.append(v); cols.append(c)
+        top = torch.cat(cols)
+        sims = _KeptProducts.apply(emb, torch.arange(n, device=emb.device).repeat_interleave(k), top.reshape(-1),
+                                   torch.cat(vals).reshape(-1)).view(n, k)
+        # itself (similarity 1, as cosine gives any non-zero row, and also an all-zero row) + its top k
+        ones = torch.ones(n, 1, device=emb.device)
+        return torch.cat([ones, sims], 1), torch.cat([torch.arange(n, device=emb.device).unsqueeze(1), top], 1)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         n = x.size(0)
@@ -247,3 +266,35 @@ class FedGLSServer(Server):
 
 register_algorithm("fedgls", FedGLSClient, FedGLSServer, FedGLSConfig,
                    paper="Wang et al., Federated Graph Learning with Graphless Clients, TMLR 2024")
+
+# %% ../../nbs/40_fedgls.ipynb #73d192e1
+def edge_overlap(learned: Tensor, true: Tensor, num_nodes: int) -> dict:
+    "Precision and recall of the undirected edges of `learned` against `true` (self loops and directions ignored)."
+    def pairs(ei):
+        ei = ei[:, ei[0] != ei[1]]
+        a, b = torch.minimum(ei[0], ei[1]), torch.maximum(ei[0], ei[1])
+        return torch.unique(a * num_nodes + b)
+    p, t = pairs(learned), pairs(true)
+    shared = int(torch.isin(p, t).sum())
+    return dict(edges=len(p), true_edges=len(t), shared=shared, precision=shared / max(len(p), 1), recall=shared / max(len(t), 1))
+
+# %% ../../nbs/40_fedgls.ipynb #85a94f14
+def measure_graph_learner(n: int, dim: int = 500, k: int = 10, seed: int = 0) -> dict:
+    "Peak memory and time of one graph-learner forward + backward on `n` random nodes, in a fresh Python process."
+    import json as _json, subprocess, sys
+    script = f"""
+import json, resource, time, torch
+from fglit.algorithms.fedgls import GraphLearner
+torch.manual_seed({seed}); torch.set_num_threads(1)
+x = torch.rand({n}, {dim})
+learner = GraphLearner({dim}, {k})
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+ei, w = learner(x); w.sum().backward()
+print(json.dumps(dict(seconds=time.perf_counter() - t, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      before_mb=base / 1024, edges=int(ei.size(1)))))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    r = _json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(nodes=n, seconds=r["seconds"], added_mb=r["peak_mb"] - r["before_mb"], edges=r["edges"],
+                dense_matrix_mb=n * n * 4 / 2**20)
