@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl
+.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls
 
 # torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
 $(BIN)/.installed: settings.ini setup.py
@@ -58,7 +58,14 @@ reproduce-baselines: setup
 # and its speed benchmark (results/bench/opfgl_speed.json).
 reproduce-opfgl: setup
 	$(BIN)/fglit reproduce opfgl --tables 1 5 1b 4 7 --jobs 2
-	$(BIN)/fglit reproduce opfgl --tables 18 11 22 25 --seeds 0 --jobs 2
+	$(BIN)/fglit reproduce opfgl --tables 17 18 --jobs 2
+	$(BIN)/fglit reproduce opfgl --tables 11 22 25 --seeds 0 --jobs 2
 	$(BIN)/fglit reproduce opfgl --tables fig3 fig7 fig9 fig8 fig10 --seeds 0 --jobs 2
 	$(BIN)/nbdev_test --flags slow --path nbs/21_opfgl_results.ipynb
 	$(BIN)/python benchmarks/opfgl_speed.py
+
+reproduce-fedgls: setup
+	$(BIN)/fglit reproduce fedgls --tables tune --seeds 0 1 --jobs 2
+	$(BIN)/fglit reproduce fedgls --tables 1 --jobs 2
+	$(BIN)/fglit reproduce fedgls --tables 2 3 --seeds 0 1 2 --jobs 2
+	$(BIN)/fglit reproduce fedgls --tables fig3 --datasets Cora --seeds 0 1 2 --jobs 2

@@ -366,3 +366,29 @@ def test_report_and_records():
 def test_method_lists_are_consistent():
     assert set(NODE_METHODS) | set(GRAPH_METHODS) == {"louvain", "louvain+", "metis", "metis+", "dirichlet",
                                                       "soft_dirichlet", "two_group", "iid"}
+
+
+def test_photo_label_imbalance_and_many_metis_clients_fill_every_client(shared_root):
+    "Photo: Louvain+ made a 2-node client and METIS into 1000 parts left 8 empty; both are repaired, both stay valid partitions."
+    from fglit.data import load_dataset
+    photo = load_dataset("Photo")
+    for seed in (0, 1):
+        p = partition(photo, "louvain+", 20, seed=seed, cache=False)
+        sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=20)
+        assert int(sizes.min()) >= photo.data.num_nodes // 200 == p.params["min_client_nodes"]
+        assert p.info["refilled_clusters"] >= 1
+        check_node_partition(p, photo.data, True)
+    m = partition(photo, "metis", 1000, seed=0, cache=False)
+    sizes = torch.bincount(m.assignment, minlength=1000)
+    assert int(sizes.min()) >= 3 and m.info["bisected"] >= 8
+    with pytest.raises(ValueError, match="min_client_nodes"):
+        partition(photo, "metis+", 10, seed=0, cache=False, min_client_nodes=10_000)
+
+
+@SETTINGS
+@given(data=node_graphs, k=st.integers(2, 4), seed=st.integers(0, 1000), method=st.sampled_from(["louvain+", "metis+"]))
+def test_label_imbalance_clients_reach_the_minimum_size(data, k, seed, method):
+    n = data.num_nodes
+    p = run_or_reject(lambda: partition(data, method, k, seed=seed, cache=False, min_client_nodes=max(1, n // (2 * k))))
+    sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=k)
+    assert int(sizes.min()) >= n // (2 * k)
