@@ -433,7 +433,8 @@ class Algorithm:
         return dict(self.dataset_defaults(dataset, partition)) if self.dataset_defaults else {}
 
 ALGORITHMS: dict[str, Algorithm] = {}
-ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl", "fglit.algorithms.fedgls")
+ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl", "fglit.algorithms.fedgls",
+                     "fglit.algorithms.gpfl")
 
 def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None) -> Algorithm:
