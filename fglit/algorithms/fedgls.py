@@ -15,7 +15,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
                               load_flat_state, make_optimizer, mlp_spec, register_algorithm, weighted_mean)
-from ..models import dropout
+from ..models import SparseOperand, dropout, spmm
 
 # %% auto #0
 __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEncoder', 'MLPGraphEncoder', 'GraphLearner',
@@ -66,10 +66,13 @@ def gcn_edges(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     return gcn_norm(edge_index, None, num_nodes, add_self_loops=True)
 
 def gcn_forward(model: nn.Module, x: Tensor, edge_index: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    "Embeddings and logits of fglit's `GCN`/`KipfGCN` on a weighted edge list (its own layers, dropout and activation)."
-    enc, h = model.encoder, x
+    "Embeddings and logits of fglit's `GCN`/`KipfGCN` on a weighted edge list (its own layers, dropout and activation; sparse features stay sparse)."
+    enc = model.encoder
+    h = enc.input_operand(x)                       # the encoder's cached sparse view of bag-of-words features
     for conv in enc.convs:
-        h = enc.act(propagate(dropout(h, enc.dropout, enc.training) @ conv.weight, edge_index, weight) + conv.bias)
+        h = dropout(h, enc.dropout, enc.training)   # on a sparse input: the stored entries (dropping a zero changes nothing)
+        h = spmm(h, conv.weight) if isinstance(h, SparseOperand) else h @ conv.weight
+        h = enc.act(propagate(h, edge_index, weight) + conv.bias)
     if getattr(enc, "propagate_out", False): h = propagate(h, edge_index, weight)
     return h, model.head(h)
 
