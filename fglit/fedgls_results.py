@@ -22,7 +22,7 @@ from .reproduction import Experiment, compare_with_paper, format_side_by_side, r
 # %% auto #0
 __all__ = ['CLIENTS', 'ROUNDS', 'COMMON', 'DECIDED', 'TABLE1_METHODS', 'SWEEP_METHODS', 'PAPER_TABLE2', 'QUICK_ROUNDS',
            'paper_numbers', 'method_settings', 'fedgls_experiments', 'training_loss_tracker', 'run_fedgls_experiment',
-           'reproduce', 'side_by_side']
+           'reproduce', 'with_table1_rows', 'side_by_side']
 
 # %% ../nbs/41_fedgls_results.ipynb #43cfc5cf
 #| code-fold: true
@@ -149,12 +149,12 @@ def fedgls_experiments(tables=("tune", "1", "2", "3", "fig3"), datasets=("Cora",
                     for d in datasets for m in ("Fed-GNNk", "Local-GNNk") for k in (5, 10, 20)]
         elif t == "1":
             out += [_exp(t, d, m) for d in datasets for m in TABLE1_METHODS]
-        elif t == "2":
+        elif t == "2":       # E = 5 is Table 1's run (see `with_table1_rows`)
             out += [_exp(t, d, m, note=f"E={e}", epochs=e, paper_table=PAPER_TABLE2.get(d, "2"))
-                    for d in datasets for m in SWEEP_METHODS for e in (3, 5, 10)]
-        elif t == "3":       # 8 clients: 6:2, 4:4, 2:6 graph:graphless (the paper: PubMed 12:4, 8:8, 4:12)
+                    for d in datasets for m in SWEEP_METHODS for e in (3, 10)]
+        elif t == "3":       # 8 clients: 6:2, (4:4 = Table 1), 2:6 graph:graphless (the paper: PubMed 12:4, 8:8, 4:12)
             out += [_exp(t, d, m, {"graphless_ratio": r}, note=f"{round(100 * r)}% graphless", paper_table="")
-                    for d in datasets for m in SWEEP_METHODS for r in (0.25, 0.5, 0.75)]
+                    for d in datasets for m in SWEEP_METHODS for r in (0.25, 0.75)]
         elif t == "fig3":    # training loss and test accuracy per round
             out += [_exp(t, d, m, note="curves", paper_table="") for d in datasets for m in ("FedGLS", "Fed-GNNk")]
         else:
@@ -200,6 +200,13 @@ def reproduce(experiments: list[Experiment], seeds=(0, 1, 2, 3, 4), out: str | P
               quick: bool = False, progress: bool | None = None) -> pd.DataFrame:
     "Run the FedGLS grid (see `fglit.reproduction.run_grid`): resumable, `jobs` processes, rows of these experiments and seeds."
     return run_grid(experiments, run_fedgls_experiment, seeds, out, jobs, quick, progress)
+
+def with_table1_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    "`runs` plus Table 1's runs of the sweep methods again as Table 2's E = 5 and Table 3's 50% rows (the same setting, not re-run)."
+    t1 = runs[(runs.table == "1") & runs.method.isin(SWEEP_METHODS)]
+    t2 = t1.assign(table="2", note="E=5", paper_note="E=5", paper_table=t1.dataset.map(lambda d: PAPER_TABLE2.get(d, "2")))
+    t3 = t1.assign(table="3", note="50% graphless", paper_note="50% graphless", paper_table="")
+    return pd.concat([runs, t2, t3], ignore_index=True)
 
 def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metrics=("accuracy", "last_accuracy")) -> pd.DataFrame:
     "Ours (mean, std over seeds, percent) beside the paper's accuracy and the difference, selected and last round."
