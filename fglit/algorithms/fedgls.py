@@ -37,10 +37,10 @@ class FedGLSConfig(FedConfig):
     mlp_lr: float = 0.01
     learner_lr: float = 0.001
     temperature: float = 0.2
-    k: int = 10                     # neighbours kept per node by the kNN sparsifier
+    k: int = 10                     # neighbours kept per node by the kNN sparsifier (chosen by validation, 41_fedgls_results)
     learner: str = "attentive"      # attentive | mlp
     learner_layers: int = 2
-    outputs: str = "logits"         # logits: Z, H are the 2-layer outputs, theta_c = softmax | embeddings: shared head theta_c
+    outputs: str = "embeddings"     # embeddings: shared head theta_c (chosen by validation) | logits: Z, H are the 2-layer outputs, theta_c = softmax
     weighting: str = "plain"
 
     def validate(self) -> None:
