@@ -570,12 +570,17 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
 # %% ../nbs/03_federation.ipynb #5cd1d7dd
 @lru_cache(maxsize=None)
 def git_commit() -> str | None:
-    "The commit of the fglit checkout this code runs from, when it is one."
+    "The commit of the fglit checkout this code was imported from (`<sha>-dirty` if `fglit/` then differed from it), when it is one."
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0 or not out.stdout.strip(): return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here, capture_output=True, timeout=5).returncode == 1
+        return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError, NameError):
         return None
+
+git_commit()        # at import: a long run records the code it started with, not the HEAD when it ended
 
 @dataclass
 class RunResult:

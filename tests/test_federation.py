@@ -246,3 +246,10 @@ def test_graphless_model_runs_the_mlp_on_graphless_clients_only(shared_root):
         run("fedavg", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_model="nope"), progress=False)
     with pytest.raises(ConfigError, match="SCAFFOLD needs the same model"):
         run("scaffold", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_ratio=0.5, graphless_model="mlp"), progress=False)
+
+
+def test_git_commit_names_the_imported_code():
+    import re
+    from fglit.federation import git_commit
+    c = git_commit()
+    assert c is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", c), c
