@@ -68,4 +68,4 @@ reproduce-fedgls: setup
 	$(BIN)/fglit reproduce fedgls --tables tune --seeds 0 1 --jobs 2
 	$(BIN)/fglit reproduce fedgls --tables 1 --jobs 2
 	$(BIN)/fglit reproduce fedgls --tables fig3 --datasets Cora --jobs 2
-	$(BIN)/fglit reproduce fedgls --tables 2 3 --jobs 2
+	$(BIN)/fglit reproduce fedgls --tables 2 3 ablation --jobs 2

@@ -138,7 +138,7 @@ def _exp(table, dataset, method, extra=None, note="", epochs=5, paper_table=None
                       json.dumps({**settings, **(extra or {})}, sort_keys=True), ROUNDS.get(dataset, 100), epochs, note,
                       table if paper_table is None else paper_table, method, note if paper_note is None else paper_note)
 
-def fedgls_experiments(tables=("tune", "1", "2", "3", "fig3"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:
+def fedgls_experiments(tables=("tune", "1", "2", "3", "ablation", "fig3"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "The reproduction grid: the validation study of the open points, Tables 1-3 and Fig. 3, on `datasets`."
     out = []
     for t in tables:
@@ -155,10 +155,12 @@ def fedgls_experiments(tables=("tune", "1", "2", "3", "fig3"), datasets=("Cora",
         elif t == "3":       # 8 clients: 6:2, (4:4 = Table 1), 2:6 graph:graphless (the paper: PubMed 12:4, 8:8, 4:12)
             out += [_exp(t, d, m, {"graphless_ratio": r}, note=f"{round(100 * r)}% graphless", paper_table="")
                     for d in datasets for m in SWEEP_METHODS for r in (0.25, 0.75)]
+        elif t == "ablation":   # FedGLS with its graph learner frozen at the start (the weighted cosine kNN graph)
+            out += [_exp(t, d, "FedGLS", {"learner_lr": 1e-12}, note="learner frozen", paper_table="") for d in datasets]
         elif t == "fig3":    # training loss and test accuracy per round
             out += [_exp(t, d, m, note="curves", paper_table="") for d in datasets for m in ("FedGLS", "Fed-GNNk")]
         else:
-            raise ValueError(f"unknown table {t!r}; known: tune 1 2 3 fig3")
+            raise ValueError(f"unknown table {t!r}; known: tune 1 2 3 ablation fig3")
     return out
 
 # %% ../nbs/41_fedgls_results.ipynb #9c3421ac
