@@ -120,10 +120,14 @@ class FedConfig:
     eval_every: int = 1
     graphless_knn: int = 0        # > 0: graphless clients train on a cosine kNN graph of their features (Local-/Fed-GNNk)
     graphless_model: str = ""     # a model name: graphless clients run it instead of `model` (Fed-GNNMLP, FedProto in FedGLS)
+    fold: int = -1                # >= 0: cross-validation fold used as the test set (the partition needs folds=k)
 
     def validate(self) -> None:
         "Raise `ConfigError` for values out of range."
         if self.graphless_knn < 0: raise ConfigError(f"graphless_knn must be >= 0, got {self.graphless_knn}")
+        if self.fold < -1: raise ConfigError(f"fold must be -1 (use the split masks) or a fold index >= 0, got {self.fold}")
+        if self.fold >= 0 and self.selection == "best_val":
+            raise ConfigError("cross-validation folds have no validation set: set selection='last' to use fold >= 0")
         if self.graphless_model and self.graphless_model.lower() not in MODELS:
             raise ConfigError(f"graphless_model must be '' or one of {', '.join(MODELS)}; got {self.graphless_model!r}")
         for name in ("rounds", "hidden", "layers", "batch_size", "eval_every"):
@@ -182,18 +186,32 @@ class Batch:
 
 class LocalData:
     "A client's private data on the device, with the same interface for node and graph tasks."
-    def __init__(self, client, task: str, batch_size: int = 64, device: torch.device | None = None, graphless_knn: int = 0):
+    def __init__(self, client, task: str, batch_size: int = 64, device: torch.device | None = None, graphless_knn: int = 0,
+                 fold: int = -1):
         self.task, self.device, self.batch_size = task, device or get_device(), batch_size
         self.graphless = bool(getattr(client, "graphless", False))
+        folds = getattr(client, "fold", None)
+        if fold >= 0 and folds is None:
+            raise ConfigError(f"fold={fold} needs a partition made with folds (add the setting folds=k)")
+        if fold >= 0 and fold > int(folds.max()):
+            raise ConfigError(f"fold={fold} but the partition has {int(folds.max()) + 1} folds")
         if task == "node":
             d = client
             edge_index = knn_graph(d.x, graphless_knn) if self.graphless and graphless_knn > 0 else d.edge_index
             self.graph = Data(x=d.x, edge_index=edge_index, y=d.y).to(self.device)
-            self.masks = {s: getattr(d, f"{s}_mask").to(self.device) for s in SPLITS}
+            if fold >= 0:
+                test = d.fold == fold
+                self.masks = {"train": (~test).to(self.device), "val": torch.zeros_like(test).to(self.device), "test": test.to(self.device)}
+            else:
+                self.masks = {s: getattr(d, f"{s}_mask").to(self.device) for s in SPLITS}
             self._train = Batch(self.graph.x, self.graph.edge_index, None, self.graph.y[self.masks["train"]], self.masks["train"])
         else:
             self.graph = None
-            self.items = {s: client.subset(s) for s in SPLITS}
+            if fold >= 0:
+                train, test = client.fold_split(fold)
+                self.items = {"train": client.graphs[train], "val": client.graphs[train[:0]], "test": client.graphs[test]}
+            else:
+                self.items = {s: client.subset(s) for s in SPLITS}
             self._eval_cache: dict[str, list[Batch]] = {}
         self.counts = {s: int(self.masks[s].sum()) if task == "node" else len(self.items[s]) for s in SPLITS}
 
@@ -519,7 +537,7 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
     seed_everything(seed)
     spec = ModelSpec(config.model or ("gcn" if task == "node" else "gin"), num_features, num_classes, task,
                      config.hidden, config.layers, config.dropout)
-    data = [LocalData(c, task, config.batch_size, graphless_knn=config.graphless_knn) for c in clients_data]
+    data = [LocalData(c, task, config.batch_size, graphless_knn=config.graphless_knn, fold=config.fold) for c in clients_data]
     specs = [client_spec(spec, config, d.graphless) for d in data]
     infos = [ClientInfo(i, d.num_train, sum(d.counts.values()), None if s == spec else s, d.graphless)
              for i, (d, s) in enumerate(zip(data, specs))]

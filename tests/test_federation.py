@@ -253,3 +253,24 @@ def test_git_commit_names_the_imported_code():
     from fglit.federation import git_commit
     c = git_commit()
     assert c is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", c), c
+
+
+def test_cross_validation_fold_is_the_test_set(shared_root):
+    from fglit.federation import ConfigError, LocalData, run
+    from fglit.data import load_dataset
+    from fglit.partition import partition
+    p = partition(load_dataset("NCI1"), "soft_dirichlet", 4, seed=0, folds=5)
+    for f in range(5):
+        d = LocalData(p.clients[0], "graph", fold=f)
+        _, test = p.clients[0].fold_split(f)
+        assert d.counts["test"] == len(test) and d.counts["val"] == 0 and d.counts["train"] + len(test) == len(p.clients[0])
+    node = partition(load_dataset("Cora"), "louvain", 3, seed=0, folds=4)
+    d = LocalData(node.clients[1], "node", fold=2)
+    assert bool((d.masks["test"] == (node.clients[1].fold == 2)).all()) and not bool((d.masks["train"] & d.masks["test"]).any())
+    res = run("fedavg", "NCI1", "soft_dirichlet", 4, rounds=2, seeds=[0], progress=False,
+              settings=dict(folds=5, fold=3, selection="last", weighting="plain"))
+    assert res.per_client()["n"].sum() == sum(int((c.fold == 3).sum()) for c in p.clients)
+    with pytest.raises(ConfigError, match="needs a partition made with folds"):
+        run("fedavg", "NCI1", "soft_dirichlet", 4, rounds=1, settings=dict(fold=1, selection="last"), progress=False)
+    with pytest.raises(ConfigError, match="no validation set"):
+        run("fedavg", "NCI1", "soft_dirichlet", 4, rounds=1, settings=dict(folds=5, fold=1), progress=False)
