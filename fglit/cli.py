@@ -121,6 +121,7 @@ def cmd_demo(args) -> int:
 REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, default CSV)
     "opfgl": ("fglit.opfgl_results", "opfgl_experiments", "results/opfgl/runs.csv"),
     "fedgls": ("fglit.fedgls_results", "fedgls_experiments", "results/fedgls/runs.csv"),
+    "gpfl": ("fglit.gpfl_results", "gpfl_experiments", "results/gpfl/runs.csv"),
 }
 
 def cmd_reproduce(args) -> int:
