@@ -153,3 +153,13 @@ def test_kept_similarities_and_their_gradients_equal_the_plain_products(n, k, bl
     ours = torch.autograd.grad((sims * weights).sum(), learner.encoder.weights[0], retain_graph=True)[0]
     ref = torch.autograd.grad((plain[:, 1:] * weights[:, 1:]).sum(), learner.encoder.weights[0])[0]
     assert torch.allclose(ours, ref)
+
+
+def test_isolated_nodes_on_a_graph_client_keep_their_own_features():
+    ei = torch.tensor([[0, 1], [1, 0]])                               # node 2 is isolated
+    e, w = gcn_edges(ei, 3)
+    loops = (e[0] == 2) & (e[1] == 2)
+    assert loops.sum() == 1 and torch.isclose(w[loops], torch.tensor(1.0)).all()   # D^-1/2 (A+I) D^-1/2 = 1 there
+    assert ((e[0] == 2) | (e[1] == 2)).sum() == 1                    # and no other edge touches it
+    h = torch.rand(3, 4)
+    assert torch.allclose(propagate(h, e, w)[2], h[2])
