@@ -389,10 +389,10 @@ def grid_dataset(name: str):
     return label_balanced_sample(load_dataset(name), SAMPLED[name]) if name in SAMPLED else name
 
 def run_gpfl_experiment(exp: Experiment, seed: int, quick: bool = False) -> dict:
-    "One run of the grid as a result row (`quick`: 5 rounds)."
-    t0 = time.perf_counter()
-    res = run(exp.algorithm, grid_dataset(exp.dataset), exp.partition, exp.clients, rounds=5 if quick else exp.rounds,
-              local_epochs=exp.local_epochs, seeds=[seed], settings=json.loads(exp.settings), progress=False)
+    "One run of the grid as a result row (`quick`: 5 rounds). Only the last round is evaluated (the table reads it; the same numbers as evaluating every round, ~10% faster)."
+    t0, rounds = time.perf_counter(), 5 if quick else exp.rounds
+    res = run(exp.algorithm, grid_dataset(exp.dataset), exp.partition, exp.clients, rounds=rounds, local_epochs=exp.local_epochs,
+              seeds=[seed], settings={**json.loads(exp.settings), "eval_every": rounds}, progress=False)
     s = res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], bytes_up=s["bytes_up"],
                 bytes_down=s["bytes_down"], wall_time_s=time.perf_counter() - t0, quick=quick, commit=res.commit)
