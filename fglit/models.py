@@ -354,8 +354,12 @@ class SparseGINConv(GINConv):
     "`GINConv` that also takes a sparse CSR `x` together with a sparse adjacency (dense otherwise)."
     def forward(self, x, edge_index, size=None):
         if isinstance(x, Tensor) and x.layout == torch.sparse_csr:
-            if isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csr and not self.eps.requires_grad:
-                return self.nn(torch.sparse.mm(edge_index, x) + (1.0 + float(self.eps)) * x)
+            first = self.nn[0] if isinstance(self.nn, nn.Sequential) and isinstance(self.nn[0], nn.Linear) else None
+            if first is not None and isinstance(edge_index, Tensor) and edge_index.layout == torch.sparse_csr:
+                # W(Ax + (1+eps)x) + b = A(xW) + (1+eps)(xW) + b: only sparse x dense products (see the note above)
+                h = F.linear(x, first.weight)
+                h = torch.sparse.mm(edge_index, h) + (1.0 + self.eps) * h
+                return self.nn[1:](h if first.bias is None else h + first.bias)
             x = x.to_dense()
         return super().forward(x, edge_index, size)
 
