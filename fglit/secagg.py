@@ -30,7 +30,8 @@ from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 __all__ = ['RING_BITS', 'PRIME', 'STEPS', 'SUM_SPECS', 'SecAggError', 'ThresholdError', 'MessageRejected', 'FixedPointOverflow',
            'FixedPoint', 'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct', 'secagg_plus_degree',
            'neighbour_graph', 'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer', 'SecAggResult',
-           'make_identities', 'secure_sum', 'view_contains', 'SumSpec', 'declare_sums', 'sum_spec', 'Uplink']
+           'make_identities', 'secure_sum', 'view_contains', 'SumSpec', 'declare_sums', 'sum_spec', 'declared_spec',
+           'Uplink']
 
 # %% ../nbs/05_secagg.ipynb #a03ea9d6
 class SecAggError(RuntimeError):
@@ -430,6 +431,7 @@ class SumSpec:
     group: Callable | None = None
     dp: str = "statistics"
     dtype: torch.dtype | None = None
+    public: tuple[str, ...] = ()
 
 def _model_group(server, cid: int):
     return server.clients[cid].spec
@@ -442,6 +444,7 @@ SUM_SPECS: dict[str, SumSpec] = {
     "fedgls": SumSpec(weight="weight", weighted=("gnn", "mlp"), dp="update"),
     "fedproto": SumSpec(),
     "opfgl": SumSpec(dtype=torch.float64),
+    "fedpg": SumSpec(public=("counts",)),     # sums_only=False: local DP only (its server needs each client's prototypes)
 }
 
 def declare_sums(name: str, spec: SumSpec) -> None:
@@ -453,7 +456,11 @@ def sum_spec(algorithm) -> SumSpec:
     if not algorithm.sums_only:
         raise ConfigError(f"{algorithm.name} cannot run under secure aggregation: its server needs each client's individual "
                           f"message, not only their sum (registered with sums_only=False)")
-    return getattr(algorithm.server, "secure_sums", None) or SUM_SPECS.get(algorithm.name, SumSpec())
+    return declared_spec(algorithm) or SumSpec()
+
+def declared_spec(algorithm) -> SumSpec | None:
+    "The `SumSpec` declared for `algorithm` (its server's `secure_sums`, else `SUM_SPECS`), or None."
+    return getattr(algorithm.server, "secure_sums", None) or SUM_SPECS.get(algorithm.name)
 
 # %% ../nbs/05_secagg.ipynb #db1dcbfe
 def _numeric_fields(reply: Message) -> dict[str, torch.Tensor]:
@@ -469,38 +476,41 @@ class Uplink:
     def __init__(self, algorithm, config, seed: int, num_clients: int):
         self.algorithm, self.config, self.seed = algorithm, config, seed
         self.secure, self.dp = bool(config.secure_aggregation), config.dp_noise > 0 or config.dp_fraction < 1
-        self.spec = sum_spec(algorithm) if self.secure else SUM_SPECS.get(algorithm.name, SumSpec())
-        if self.dp and not algorithm.sums_only:
-            raise ConfigError(f"{algorithm.name}: differential privacy here clips and noises summed messages; its server "
-                              "needs individual messages (sums_only=False)")
+        self.spec = sum_spec(algorithm) if self.secure else declared_spec(algorithm) or SumSpec()
+        if self.dp and not algorithm.sums_only and declared_spec(algorithm) is None:
+            raise ConfigError(f"{algorithm.name}: its server needs individual messages (sums_only=False) and no SumSpec says "
+                              "which of its reply fields differential privacy should clip and noise; declare one with "
+                              "fglit.secagg.declare_sums")
         self.params = SecAggParams(config.secagg_threshold, config.secagg_neighbours, config.secagg_frac_bits)
         self.identities = make_identities(range(num_clients)) if self.secure else {}
         self.session = uuid.uuid4().hex
         self.accountant = PrivacyAccountant(config.dp_delta) if self.dp else None
         self.rounds: list[dict] = []
         self.last: list[SecAggResult] = []
+        self.uploads = self.clipped = 0          # DP: messages privatised, and how many of them the clip shrank
 
     # -- differential privacy ----------------------------------------------------------------
     def _privatize(self, rnd: int, cid: int, reply: Message, down: Message, n: int) -> Message:
         c, spec = self.config, self.spec
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, cid, 0xD9]).generate_state(1)[0]))
         std = c.dp_noise * c.dp_clip / (math.sqrt(n) if self.secure else 1.0)
-        fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight}
+        fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight and k not in spec.public}
         out = dict(reply)
         if spec.dp == "update":
             ref = {k: torch.as_tensor(down[k]).to(v) if k in down and torch.as_tensor(down[k]).shape == v.shape else torch.zeros_like(v)
                    for k, v in fields.items()}
-            clipped, _ = clip_l2([(fields[k] - ref[k]).double() for k in fields], c.dp_clip)
+            clipped, factor = clip_l2([(fields[k] - ref[k]).double() for k in fields], c.dp_clip)
             for (k, v), d in zip(fields.items(), clipped):
                 out[k] = (ref[k].double() + gaussian_mechanism(d, std, gen, c.dp_fraction)).to(v.dtype)
             if spec.weight: out[spec.weight] = 1.0
         else:
-            names = list(fields) + ([spec.weight] if spec.weight else [])
+            names = list(fields) + ([spec.weight] if spec.weight and spec.weight not in spec.public else [])
             vals = _numeric_fields(reply)
-            clipped, _ = clip_l2([vals[k].double() for k in names], c.dp_clip)
+            clipped, factor = clip_l2([vals[k].double() for k in names], c.dp_clip)
             for k, d in zip(names, clipped):
                 noisy = gaussian_mechanism(d, std, gen, c.dp_fraction)
                 out[k] = float(noisy) if not isinstance(reply[k], (torch.Tensor, np.ndarray)) else noisy.to(vals[k].dtype)
+        self.uploads += 1; self.clipped += factor < 1
         return out
 
     # -- secure aggregation ------------------------------------------------------------------
@@ -594,5 +604,6 @@ class Uplink:
                        secagg_dropped_before=sum(r["dropped_before"] for r in self.rounds))
         if self.dp:
             out.update(dp_noise=c.dp_noise, dp_clip=c.dp_clip, dp_fraction=c.dp_fraction, dp_mode=self.spec.dp,
-                       dp_placement="distributed" if self.secure else "local", **self.accountant.report())
+                       dp_placement="distributed" if self.secure else "local", dp_public_fields=list(self.spec.public),
+                       dp_clipped_share=self.clipped / self.uploads if self.uploads else 0.0, **self.accountant.report())
         return out

@@ -124,7 +124,7 @@ def test_upload_is_classes_times_hops_times_p(shared_root):
     from fglit.partition import partition
     ds = load_dataset("Cora", shared_root)
     part = partition(ds, "metis", 3, seed=0)
-    cfg = make_config(FedPGConfig, {"rounds": 2, "model": "gcn", "proto_noise_fraction": 0.1})
+    cfg = make_config(FedPGConfig, {"rounds": 2, "model": "gcn", "dp_fraction": 0.1, "dp_noise": 0.01, "dp_clip": 10.0})
     res = simulate(get_algorithm("fedpg"), part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=0, progress=False)
     up = res.communication.query("direction == 'up'")
     assert (up["floats"] == ds.num_classes * 3 * 64).all()

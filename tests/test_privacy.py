@@ -86,3 +86,34 @@ def test_dp_update_is_clipped_around_the_broadcast_model(shared_root):
         settings={"dp_noise": 1e-9, "dp_clip": 0.1, "secure_aggregation": True}, callback=grab)
     # with (almost) no noise the average of updates clipped to 0.1 moves the model by at most 0.1 per round
     assert float((seen[1] - seen[0]).norm()) <= 0.1 + 1e-5
+
+
+def test_individual_message_algorithms_get_local_dp_only_when_declared(shared_root):
+    from fglit.data import load_dataset
+    cora = load_dataset("Cora", shared_root)
+    with pytest.raises(ConfigError, match="declare_sums"):          # GCFL: no SumSpec says what to clip
+        run("gcfl", cora, "louvain", 3, rounds=1, seeds=[0], progress=False, settings={"dp_noise": 1.0})
+    with pytest.raises(ConfigError, match="individual"):            # FedPG: local DP yes, secure aggregation no
+        run("fedpg", cora, "metis", 3, rounds=1, seeds=[0], progress=False,
+            settings={"dp_noise": 1.0, "secure_aggregation": True})
+    s = run("fedpg", cora, "metis", 3, rounds=2, model="gcn", seeds=[0], progress=False,
+            settings={"dp_noise": 1.0, "dp_clip": 10.0}).summary()["privacy"]
+    acc = PrivacyAccountant(1e-5)
+    for _ in range(2): acc.step(1.0)
+    assert s["epsilon"] == pytest.approx(acc.epsilon()) and s["dp_placement"] == "local"
+    assert s["dp_public_fields"] == ["counts"] and 0 <= s["dp_clipped_share"] <= 1
+
+
+def test_fedpg_prototypes_are_clipped_and_noised_counts_released_as_they_are():
+    from fglit.algorithms.fedpg import FedPGConfig
+    from fglit.federation import get_algorithm
+    from fglit.secagg import Uplink
+    g = torch.Generator().manual_seed(1)
+    reply = {"protos": 3 * torch.randn(7, 3, 64, generator=g), "counts": torch.randint(0, 40, (7, 3), generator=g)}
+    up = Uplink(get_algorithm("fedpg"), FedPGConfig(dp_noise=0.2, dp_clip=4.0), seed=0, num_clients=5)
+    outs = [up._privatize(1, cid, reply, {}, n=5) for cid in range(20)]
+    assert all(torch.equal(o["counts"], reply["counts"]) for o in outs)
+    mean = torch.stack([o["protos"].double() for o in outs]).mean(0)     # noise averages out to the clipped prototypes
+    clipped = reply["protos"].double() * 4.0 / float(reply["protos"].norm())
+    assert float((mean - clipped).std()) == pytest.approx(0.2 * 4.0 / math.sqrt(20), rel=0.1)
+    assert up.clipped == up.uploads == 20

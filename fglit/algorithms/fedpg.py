@@ -21,9 +21,9 @@ from ..models import SparseOperand, knn_graph, spmm
 
 # %% auto #0
 __all__ = ['HETEROGENEOUS_MODELS', 'HOP_MODES', 'FEDPG', 'FedPGConfig', 'heterogeneous_spec', 'model_depth', 'hop_pairs',
-           'class_operand', 'topology_prototypes', 'NeighbourAttention', 'alignment_loss', 'add_prototype_noise',
-           'annotate', 'FedPGClient', 'cosine_margin', 'query_set', 'gpg_contrastive_loss', 'match_prototype_norms',
-           'client_similarity', 'personalised_prototypes', 'FedPGServer']
+           'class_operand', 'topology_prototypes', 'NeighbourAttention', 'alignment_loss', 'annotate', 'FedPGClient',
+           'cosine_margin', 'query_set', 'gpg_contrastive_loss', 'match_prototype_norms', 'client_similarity',
+           'personalised_prototypes', 'FedPGServer']
 
 # %% ../../nbs/50_fedpg.ipynb #efcffba9
 HETEROGENEOUS_MODELS = ("gcn", "gin", "graphsage", "sgc", "gcnii")   # Table VI's five backbones
@@ -55,8 +55,6 @@ class FedPGConfig(FedConfig):
     match_norms: bool = True          # rescale each generated prototype to its clients' mean norm (Decision 1)
     glb_alpha: float = 0.5            # alpha of Eq. 5
     fusion_lambda: float = 5.0        # lambda of Eq. 5 (a cosine threshold: > 1 means only the client itself)
-    proto_noise_fraction: float = 0.0 # privacy: fraction of the p dimensions that get noise
-    proto_noise_std: float = 0.1      # privacy: standard deviation of that noise
     heterogeneous_models: bool = False
     graph_knn: int = 5                # graph-FL: neighbours of each graph in the generalised neighbourhood
     align: str = "cosine"             # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
@@ -69,7 +67,7 @@ class FedPGConfig(FedConfig):
         if self.hop_mode not in HOP_MODES:
             raise ConfigError(f"hop_mode must be one of {', '.join(HOP_MODES)}; got {self.hop_mode!r}")
         if self.hops < -1: raise ConfigError(f"hops must be -1 (the smallest model depth) or >= 0, got {self.hops}")
-        for name in ("mu", "server_epochs", "cross_hop_ratio", "proto_noise_std", "eps"):
+        for name in ("mu", "server_epochs", "cross_hop_ratio", "eps"):
             if getattr(self, name) < 0: raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("attention_hidden", "graph_knn"):
             if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -77,7 +75,7 @@ class FedPGConfig(FedConfig):
         if self.server_lr <= 0 or self.temperature <= 0: raise ConfigError("server_lr and temperature must be > 0")
         if self.server_hidden is not None and self.server_hidden < 1:
             raise ConfigError(f"server_hidden must be None or >= 1, got {self.server_hidden}")
-        for name in ("glb_alpha", "pseudo_threshold", "proto_noise_fraction"):
+        for name in ("glb_alpha", "pseudo_threshold"):
             if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 # %% ../../nbs/50_fedpg.ipynb #0ea0a17b
@@ -164,15 +162,6 @@ def alignment_loss(protos: Tensor, mask: Tensor, targets: Tensor, target_mask: T
     if kind == "cosine":
         return (1 - F.cosine_similarity(protos[both], targets[both], dim=-1)).sum()
     return (protos[both] - targets[both]).norm(dim=-1).sum()
-
-def add_prototype_noise(protos: Tensor, mask: Tensor, fraction: float, std: float) -> Tensor:
-    "Gaussian noise of std `std` on a random `fraction` of the last dimension of the prototypes where `mask` is set."
-    k = int(round(fraction * protos.size(-1)))
-    if k == 0 or std == 0: return protos
-    dims = torch.randperm(protos.size(-1), device=protos.device)[:k]
-    noise = torch.zeros_like(protos)
-    noise[..., dims] = std * torch.randn(*protos.shape[:-1], k, device=protos.device, dtype=protos.dtype)
-    return protos + noise * mask.unsqueeze(-1).to(protos.dtype)
 
 def annotate(logits: Tensor, y: Tensor, labelled: Tensor, pseudo: bool = True, threshold: float = 0.0) -> Tensor:
     "Training labels where `labelled`; elsewhere the argmax of the soft labels (if `pseudo` and confident enough), else -1."
@@ -276,7 +265,6 @@ class FedPGClient(Client):
 
     def reply(self) -> Message:
         protos, counts = self.local_prototypes()
-        protos = add_prototype_noise(protos, counts > 0, self.config.proto_noise_fraction, self.config.proto_noise_std)
         return {"protos": protos.float(), "counts": counts}
 
     def local_step(self, message: Message, rnd: int) -> Message:
