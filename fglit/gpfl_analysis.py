@@ -325,7 +325,7 @@ def measure_init_and_learning(datasets=("NCI1", "PROTEINS"), ks=(15, 20, 25), al
                 trains = [cl.data.items["train"] for cl in clients]
                 def properties():
                     # each client its own training graphs (a list: uncached, and not the whole dataset behind the view)
-                    return torch.stack([dataset_graph_properties(list(t), cache=False).mean(0) for t in trains]).to(torch.float64)
+                    return torch.stack([dataset_graph_properties(t, cache=False).mean(0) for t in trains]).to(torch.float64)
                 prop_s = []
                 for _ in range(max(1, property_repeats)):
                     t0 = time.perf_counter(); props = properties(); prop_s.append(time.perf_counter() - t0)

@@ -266,3 +266,14 @@ def test_gpfl_on_nci1(shared_root):
     s = res.summary()
     assert 0 < s["accuracy_mean"] <= 1 and s["rounds"] == 2 and res.config["gamma"] == 0.95
     assert get_algorithm("gpfl").sums_only is False
+
+
+def test_uncached_view_computes_only_its_own_graphs(shared_root, monkeypatch):
+    from fglit.data import load_dataset
+    graphs = load_dataset("MUTAG", shared_root).graphs
+    full = dataset_graph_properties(graphs, cache=False)
+    view = graphs.index_select(torch.tensor([17, 5]))
+    def whole_storage(_):
+        raise AssertionError("an uncached view must not compute the whole dataset")
+    monkeypatch.setattr(gpfl, "_all_graph_properties", whole_storage)
+    assert torch.allclose(dataset_graph_properties(view, cache=False), full[[17, 5]])

@@ -174,6 +174,8 @@ def dataset_graph_properties(graphs, cache: bool = True) -> Tensor:
         if not graphs: return torch.zeros(0, len(PROPERTY_NAMES), dtype=torch.float64)
         b = GraphBatch.from_data_list(graphs)
         return graph_properties(b.edge_index, b.ptr.diff())
+    if not cache and len(graphs) < graphs.slices["edge_index"].numel() - 1:
+        return dataset_graph_properties(list(graphs))          # uncached view: only its own graphs, not the whole storage
     key = _structure_key(graphs)
     table = _PROPERTY_MEMO.get(key) if cache else None
     if table is None and cache:
