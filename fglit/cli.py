@@ -21,7 +21,7 @@ class UsageError(Exception):
 
 # %% auto #0
 __all__ = ['PRIVACY_FLAGS', 'REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings', 'cmd_partition', 'privacy_settings',
-           'cmd_run', 'cmd_demo', 'cmd_reproduce', 'build_parser', 'main']
+           'run_on_flower', 'cmd_run', 'cmd_demo', 'cmd_reproduce', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -82,15 +82,27 @@ def privacy_settings(args) -> dict:
     "The config settings given by `run`'s secure-aggregation and DP flags."
     return {key: getattr(args, flag) for flag, key in PRIVACY_FLAGS.items() if getattr(args, flag, None) not in (None, False)}
 
+def run_on_flower(args, settings: dict):
+    "`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result."
+    from dataclasses import replace
+    from fglit.flower import run_flower_simulation
+    extra = {k: v for k, v in (("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
+    results = [run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds, seed=seed,
+                                     settings={**settings, **extra}, root=args.root) for seed in args.seeds]
+    return replace(results[0], runs=[r for res in results for r in res.runs])
+
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
     from fglit.federation import ConfigError, run
     from fglit.metrics import format_mean_std
+    settings = {**parse_settings(args.set), **privacy_settings(args)}
     try:
-        result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
-                     local_epochs=args.local_epochs, model=args.model, seeds=args.seeds,
-                     settings={**parse_settings(args.set), **privacy_settings(args)}, root=args.root,
-                     progress=None if not args.quiet else False)
+        if getattr(args, "backend", "inprocess") == "flower-sim":
+            result = run_on_flower(args, settings)
+        else:
+            result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
+                         local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
+                         progress=None if not args.quiet else False)
     except ConfigError as err:
         raise UsageError(str(err)) from None
     summary = result.summary()
@@ -222,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--root", default=None)
+    p.add_argument("--backend", choices=("inprocess", "flower-sim"), default="inprocess",
+                   help="inprocess: fglit's simulator; flower-sim: Flower's simulation engine (fglit.flower)")
     g = p.add_argument_group("privacy", "secure aggregation (fglit.secagg) and differential privacy (fglit.privacy)")
     g.add_argument("--secure-aggregation", action="store_true", dest="secure_aggregation", help="uploads through secure aggregation")
     g.add_argument("--dropout", type=float, metavar="F", help="share of clients dropping out after sending masked inputs (not the model's dropout: --set dropout=...)")

@@ -1,0 +1,154 @@
+"""Tests for fglit on Flower (`fglit.flower`, from nbs/07_flower.ipynb)."""
+import contextlib
+import os
+import signal
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("flwr")
+
+from flwr.app import RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+
+from fglit.flower import (FlowerRun, LocalFederation, array_to_tensor, flower_nbytes, free_port, get_message,
+                          message_to_record, put_message, record_to_message, tensor_to_array)
+from fglit.federation import message_nbytes, run
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8, torch.uint8,
+          torch.bool]
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(st.lists(st.integers(0, 4), min_size=0, max_size=3))
+    n = int(np.prod(shape)) if shape else 1
+    raw = draw(st.binary(min_size=n * torch.empty(0, dtype=dtype).element_size(),
+                         max_size=n * torch.empty(0, dtype=dtype).element_size()))
+    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    if dtype == torch.bool: t = t % 2
+    return t.view(dtype).reshape(shape).clone()
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True), st.text(max_size=20))
+messages = st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True), st.one_of(tensors(), scalars), max_size=6)
+
+
+def bitwise_equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape): return False
+        return a.numel() == 0 or torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    if isinstance(a, float):
+        return type(b) is float and (a == b or (a != a and b != b))
+    return type(a) is type(b) and a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages)
+def test_record_round_trip_is_exact(message):
+    "message -> RecordDict -> protobuf (the wire) -> RecordDict -> message gives the same message, bit for bit, same types."
+    record = recorddict_from_proto(recorddict_to_proto(message_to_record(message, {"round": 3})))
+    back = record_to_message(record)
+    assert back.keys() == message.keys()
+    assert all(bitwise_equal(message[k], back[k]) for k in message)
+
+
+@settings(max_examples=20, deadline=None)
+@given(messages, messages)
+def test_two_messages_in_one_record(a, b):
+    "A train message and an evaluation message travel side by side under their prefixes."
+    rd = put_message(put_message(RecordDict(), a), b, "fglit.eval")
+    rd = recorddict_from_proto(recorddict_to_proto(rd))
+    ga, gb = get_message(rd), get_message(rd, "fglit.eval")
+    assert ga.keys() == a.keys() and gb.keys() == b.keys()
+    assert all(bitwise_equal(a[k], ga[k]) for k in a) and all(bitwise_equal(b[k], gb[k]) for k in b)
+
+
+def test_numpy_arrays_come_back_as_tensors():
+    back = record_to_message(message_to_record({"x": np.arange(6, dtype=np.int16).reshape(2, 3)}))
+    assert isinstance(back["x"], torch.Tensor) and back["x"].dtype == torch.int16 and back["x"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert torch.equal(array_to_tensor(tensor_to_array(torch.ones(2, dtype=torch.bfloat16))), torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_unsupported_values_are_refused():
+    with pytest.raises(TypeError): message_to_record({"a": [1, 2]})
+    with pytest.raises(TypeError): message_to_record({"a": 2**70})
+    with pytest.raises(TypeError): message_to_record({1: 2})
+
+
+def test_flower_bytes_are_close_to_fglit_bytes():
+    m = {"params": torch.randn(10_000), "weight": 3.0}
+    fl, fg = flower_nbytes(message_to_record(m)), message_nbytes(m)
+    assert fg <= fl <= fg + 1024
+
+
+def test_run_config_round_trip():
+    r = FlowerRun("fedavg", "cora", "metis", 4, 3, {"rounds": 2, "lr": 0.1}, replay=True)
+    cfg = r.to_config()
+    assert all(isinstance(v, (str, int, float, bool)) for v in cfg.values())
+    assert FlowerRun.from_config(cfg) == r
+
+
+# -- end to end: a SuperLink and 4 SuperNodes as real processes on loopback ----------------------------------
+
+@contextlib.contextmanager
+def time_limit(seconds: int):
+    "Fail the test (and leave the `with` blocks inside, which stop the processes) after `seconds`."
+    def handler(signum, frame): raise TimeoutError(f"test ran past {seconds}s")
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.alarm(seconds)
+    try: yield
+    finally:
+        signal.alarm(0); signal.signal(signal.SIGALRM, old)
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _compare(flower, local, tol: float) -> None:
+    key = ["round", "client", "split"]
+    a = flower.runs[0].history.sort_values(key).reset_index(drop=True)
+    b = local.runs[0].history.sort_values(key).reset_index(drop=True)
+    assert a[key + ["n"]].equals(b[key + ["n"]])
+    assert (a.accuracy - b.accuracy).abs().max() <= tol
+    assert abs(flower.scores().accuracy[0] - local.scores().accuracy[0]) <= tol
+    assert flower.summary()["bytes_up"] == local.summary()["bytes_up"]
+    assert flower.summary()["bytes_down"] == local.summary()["bytes_down"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm,settings_,replay", [("fedavg", {"rounds": 2}, False), ("opfgl", {}, True)])
+def test_deployment_on_loopback_matches_in_process(algorithm, settings_, replay, shared_root, tmp_path):
+    """4 SuperNodes + a SuperLink as processes (insecure, loopback, free ports): the same accuracy as `run` with the same seed.
+    Tolerance: 0 (identical per-client scores). FedAvg: each node builds only its own client (`replay=False`); O-pFGL's
+    clients keep their own initial weights, so its nodes rebuild the in-process random stream (`replay=True`)."""
+    torch.set_num_threads(1)
+    before = _descendants()
+    with time_limit(300):
+        with LocalFederation(4, tmp_path / "fed", env={"FGLIT_DATA": str(shared_root)}) as fed:
+            spec = FlowerRun(algorithm, "cora", "louvain", 4, 0, settings_, root=str(shared_root), replay=replay,
+                             timeout=200, wait_nodes=60)
+            result = fed.submit(spec, timeout=280)
+        local = run(algorithm, "cora", "louvain", 4, seeds=(0,), settings=settings_, root=shared_root, progress=False)
+    _compare(result, local, tol=0.0)
+    table = result.bytes_table()
+    assert (table.flower_bytes > 0).all()
+    assert _descendants() <= before, "processes left behind"
+
+
+@pytest.mark.slow
+def test_cli_backend_flower_sim_matches_inprocess(shared_root):
+    import json, os, subprocess, sys
+    from pathlib import Path
+    script = Path(sys.executable).parent / "fglit"
+    args = [str(script), "run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2", "--json"]
+    env = {**os.environ, "FGLIT_DATA": str(shared_root)}
+    out = [subprocess.run(args + extra, capture_output=True, text=True, env=env, timeout=400) for extra in ([], ["--backend", "flower-sim"])]
+    assert all(o.returncode == 0 for o in out), out[1].stderr[-2000:]
+    local, flower = (json.loads(o.stdout) for o in out)
+    assert flower["accuracy_mean"] == local["accuracy_mean"] and flower["bytes_up"] == local["bytes_up"]
