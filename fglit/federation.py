@@ -36,7 +36,8 @@ __all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S
            'message_nbytes', 'message_floats', 'ConfigError', 'FedConfig', 'make_config', 'Batch', 'PackedGraphs',
            'LocalData', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'mlp_spec',
            'client_spec', 'make_optimizer', 'Client', 'ClientInfo', 'Server', 'NodeUnion', 'Algorithm',
-           'register_algorithm', 'get_algorithm', 'round_seed', 'SeedRun', 'simulate', 'git_commit', 'RunResult', 'run']
+           'register_algorithm', 'get_algorithm', 'round_seed', 'SeedRun', 'simulate', 'git_commit', 'RunResult',
+           'resolve_run_config', 'run']
 
 # %% ../nbs/03_federation.ipynb #d6ee5290
 Message = dict
@@ -724,6 +725,27 @@ def _partition_keywords(method: str) -> list[str]:
     sig = inspect.signature(PARTITIONERS[method])
     return [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
 
+def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: str, partition: str,
+                       settings: dict | None = None) -> tuple[FedConfig, dict]:
+    "`(config, partition settings)` of a run: unknown settings refused, the algorithm's defaults for the dataset, then `settings`; the model checked. `partition` is a canonical partitioner name."
+    algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+    settings = dict(settings or {})
+    config_keys = {f.name for f in dataclasses.fields(algo.config)}
+    part_keys = set(_partition_keywords(partition))
+    unknown = [k for k in settings if k not in config_keys | part_keys]
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(config_keys))}; "
+                          f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
+    defaults = {k: v for k, v in algo.defaults_for(dataset_name, partition).items() if k in config_keys}
+    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
+    if config.model is None:
+        config.model = "gcn" if task == "node" else "gin"
+    try:
+        build_model(config.model, 2, 2, task=task)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return config, {k: v for k, v in settings.items() if k in part_keys and k not in config_keys}
+
 def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None) -> RunResult:
@@ -737,21 +759,7 @@ def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, 
     for key, value in (("rounds", rounds), ("local_epochs", local_epochs), ("model", model)):
         if value is not None:
             settings[key] = value
-    config_keys = {f.name for f in dataclasses.fields(algo.config)}
-    part_keys = set(_partition_keywords(partition))
-    unknown = [k for k in settings if k not in config_keys | part_keys]
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(config_keys))}; "
-                          f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
-    defaults = {k: v for k, v in algo.defaults_for(ds.name, partition).items() if k in config_keys}
-    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
-    if config.model is None:
-        config.model = "gcn" if ds.task == "node" else "gin"
-    try:
-        build_model(config.model, 2, 2, task=ds.task)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    part_params = {k: v for k, v in settings.items() if k in part_keys and k not in config_keys}
+    config, part_params = resolve_run_config(algo, ds.name, ds.task, partition, settings)
     runs = []
     for seed in seeds:
         try:

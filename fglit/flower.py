@@ -8,11 +8,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,10 +32,9 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 # %% ../nbs/07_flower.ipynb #6e436704
 from .core import cpu_threads, reseed_torch, seed_everything
-from .federation import (SPLITS, ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, _partition_keywords,
-                         client_spec, get_algorithm, git_commit, make_config, message_floats, message_nbytes, round_seed)
+from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
+                         get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
 from .metrics import classification_scores
-from .models import build_model
 
 # %% ../nbs/07_flower.ipynb #6fc824e5
 META = "fglit.meta"
@@ -142,26 +139,10 @@ class FlowerRun:
 def resolve_config(algorithm: str, dataset_name: str, task: str, partition: str, settings: dict) -> tuple:
     "`(config, partition settings)` exactly as `fglit.federation.run` resolves them for this dataset."
     from fglit.partition import canonical_method
-    algo = get_algorithm(algorithm)
-    partition = canonical_method(partition)
-    settings = dict(settings or {})
-    config_keys = {f.name for f in dataclasses.fields(algo.config)}
-    part_keys = set(_partition_keywords(partition))
-    unknown = [k for k in settings if k not in config_keys | part_keys]
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(config_keys))}; "
-                          f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
-    defaults = {k: v for k, v in algo.defaults_for(dataset_name, partition).items() if k in config_keys}
-    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
-    if config.model is None:
-        config.model = "gcn" if task == "node" else "gin"
-    try:
-        build_model(config.model, 2, 2, task=task)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    config, part_params = resolve_run_config(algorithm, dataset_name, task, canonical_method(partition), settings)
     if config.secure_aggregation or config.dp_noise > 0:
         raise ConfigError("secure aggregation and differential privacy are not available on Flower yet; run them in-process")
-    return config, {k: v for k, v in settings.items() if k in part_keys and k not in config_keys}
+    return config, part_params
 
 # %% ../nbs/07_flower.ipynb #5fb39b01
 _PARTITIONS: dict = {}       # per process: (dataset, method, k, seed, settings, root) -> (dataset, Partition)
