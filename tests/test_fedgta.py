@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import _node_pfl as node_pfl
 from hypothesis import given, settings, strategies as st
 from torch_geometric.data import Data
 
@@ -16,7 +17,7 @@ from fglit.algorithms.fedgta import (FedGTAClient, FedGTAConfig, FedGTAServer, a
                                      mixed_moments, node_degrees, propagate_labels, propagation_matrix, seed_labels,
                                      smoothing_confidence, topology_statistics)
 from fglit.algorithms.pfl import cosine_matrix
-from fglit.federation import ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config, run
+from fglit.federation import ALGORITHM_MODULES, ClientInfo, ConfigError, ModelSpec, get_algorithm, make_config, run
 
 F64 = torch.float64
 SCRIPT = Path(sys.executable).parent / "fglit"
@@ -194,11 +195,7 @@ def cora_parts(shared_root):
 
 
 def make_clients(ds, part, datas=None, **settings):
-    cfg = make_config(FedGTAConfig, {"local_epochs": 1, "hidden": 16, **settings})
-    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", cfg.hidden, cfg.layers, cfg.dropout)
-    info = [ClientInfo(i, int(c.train_mask.sum()), c.num_nodes) for i, c in enumerate(part.clients)]
-    datas = datas or part.clients
-    return cfg, spec, FedGTAServer(cfg, info, spec), [FedGTAClient(i, LocalData(c, "node"), cfg, spec) for i, c in enumerate(datas)]
+    return node_pfl.make_clients(FedGTAConfig, FedGTAServer, FedGTAClient, ds, part, datas, **settings)
 
 
 def test_one_round_messages_and_personalised_models(cora_parts):
@@ -220,10 +217,7 @@ def test_one_round_messages_and_personalised_models(cora_parts):
 def test_unselected_clients_keep_their_model(cora_parts):
     ds, part = cora_parts
     _, _, server, clients = make_clients(ds, part)
-    before = server.params.clone()
-    server.aggregate(1, {i: clients[i].local_step(server.broadcast(1, [i])[i], 1) for i in (0, 2)})
-    assert torch.equal(server.params[1], before[1]) and not torch.equal(server.params[0], before[0])
-    assert server.weights.shape == (2, 2)
+    node_pfl.check_unselected_clients_keep_their_model(server, clients)
 
 
 def test_threshold_one_gives_every_client_its_own_model(cora_parts):

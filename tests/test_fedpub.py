@@ -3,12 +3,13 @@ import math
 
 import pytest
 import torch
+import _node_pfl as node_pfl
 from hypothesis import given, settings, strategies as st
 
 from fglit.algorithms.fedpub import (FedPUBClient, FedPUBConfig, FedPUBServer, MaskedModel, fedpub_defaults,
                                      functional_embedding, personalise, random_graph, sbm_graph, similarity_weights)
 from fglit.core import get_device
-from fglit.federation import (ClientInfo, ConfigError, LocalData, ModelSpec, flat_state, get_algorithm, load_flat_state,
+from fglit.federation import (ClientInfo, ConfigError, ModelSpec, flat_state, get_algorithm, load_flat_state,
                               make_config, run)
 
 GIN = ModelSpec("gin", 5, 2, "graph", 8, 2, 0.0)
@@ -174,10 +175,7 @@ def cora_parts(shared_root):
 
 
 def make_clients(ds, part, **settings):
-    cfg = make_config(FedPUBConfig, {"local_epochs": 1, "hidden": 16, **settings})
-    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", cfg.hidden, cfg.layers, cfg.dropout)
-    info = [ClientInfo(i, int(c.train_mask.sum()), c.num_nodes) for i, c in enumerate(part.clients)]
-    return cfg, spec, FedPUBServer(cfg, info, spec), [FedPUBClient(i, LocalData(c, "node"), cfg, spec) for i, c in enumerate(part.clients)]
+    return node_pfl.make_clients(FedPUBConfig, FedPUBServer, FedPUBClient, ds, part, **settings)
 
 
 def test_only_needed_keys_travel(cora_parts):
@@ -233,10 +231,7 @@ def test_single_client_and_identical_models(cora_parts):
 def test_unselected_clients_keep_their_model(cora_parts):
     ds, part = cora_parts
     _, _, server, clients = make_clients(ds, part)
-    before = server.params.clone()
-    server.aggregate(1, {i: clients[i].local_step(server.broadcast(1, [i])[i], 1) for i in (0, 2)})
-    assert torch.equal(server.params[1], before[1]) and not torch.equal(server.params[0], before[0])
-    assert server.weights.shape == (2, 2)
+    node_pfl.check_unselected_clients_keep_their_model(server, clients)
 
 
 def test_global_evaluation_uses_the_clients_mask(cora_parts):
