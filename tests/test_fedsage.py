@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.nn.utils import parameters_to_vector
 
+from fglit.core import cpu_threads
 from fglit.algorithms.fedsage import (FedSageClient, FedSageConfig, FedSageServer, NeighGen, feature_matching_loss,
                                       impair_graph, mend_graph, neighgen_losses, predicted_counts)
 from fglit.federation import (ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config,
@@ -20,9 +21,8 @@ SCRIPT = Path(sys.executable).parent / "fglit"
 
 
 @pytest.fixture(autouse=True)
-def one_cpu_thread():
-    "Each test computes with fglit's simulation thread count (as `run` does), restored afterwards."
-    from fglit.core import cpu_threads
+def simulator_threads():
+    "Hand-run clients below compute with the simulator's CPU thread count, as `run` does."
     with cpu_threads():
         yield
 
