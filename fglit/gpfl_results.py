@@ -21,9 +21,10 @@ from .federation import run
 from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
 
 # %% auto #0
-__all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'paper_numbers', 'gpfl_experiments',
-           'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce', 'side_by_side',
-           'majority_baseline', 'table2', 'quality_bars', 'plot_ours_vs_paper', 'head_to_head', 'coverage']
+__all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers',
+           'gpfl_experiments', 'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce',
+           'side_by_side', 'majority_baseline', 'table2', 'quality_bars', 'plot_ours_vs_paper', 'head_to_head',
+           'coverage', 'cap_experiments', 'cap_table']
 
 # %% ../nbs/31_gpfl_results.ipynb #e4e23563
 #| code-fold: true
@@ -410,12 +411,12 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metri
     return compare_with_paper(res, paper_numbers() if paper is None else paper, metrics)
 
 # %% ../nbs/31_gpfl_results.ipynb #cc01dcbb
-def majority_baseline(dataset: str, clients: int, alpha: float, seeds=(0, 1, 2), fold: int = 0) -> float:
+def majority_baseline(dataset: str, clients: int, alpha: float, seeds=(0, 1, 2), fold: int = 0, cap: float = 0.95) -> float:
     "Percent accuracy of predicting each client's majority training class on its fold-`fold` test graphs (mean over clients, then seeds): the floor any personalised model should reach on the grid's splits."
     from fglit.partition import partition
     ds, accs = load_dataset(dataset), []
     for seed in seeds:
-        p = partition(ds, "soft_dirichlet", clients, seed=seed, alpha=alpha, folds=GIN_SETUP["folds"])
+        p = partition(ds, "soft_dirichlet", clients, seed=seed, alpha=alpha, cap=cap, folds=GIN_SETUP["folds"])
         per_client = []
         for c in p.clients:
             train, test = c.fold_split(fold)
@@ -504,3 +505,36 @@ def coverage(results: pd.DataFrame, per_cell: int = 15) -> pd.DataFrame:
     r = results.assign(setting=results.dataset + " k=" + results.clients.astype(str) + " " + results.note.str.replace(r" fold \d+", "", regex=True))
     t = r.pivot_table(index="method", columns="setting", values="accuracy", aggfunc="size").fillna(0).astype(int)
     return t.reindex([m for m in [*METHODS, *VARIANTS] if m in t.index]).assign(total=lambda d: d.sum(1))
+
+# %% ../nbs/31_gpfl_results.ipynb #d2308c09
+CAP_STUDY = Path("results/gpfl/cap_sensitivity.csv")
+
+def cap_experiments(caps=(0.8,), cells=tuple(QUALITY_BARS), methods=("GPFL", "Self-train", "FedAvg")) -> list[Experiment]:
+    "The bar cells re-run with the split's class-prior cap set to each of `caps` (noted `cap=...`)."
+    out = []
+    for d, k, a in cells:
+        for e in gpfl_experiments(datasets=(d,), methods=methods, settings=((k, a),)):
+            s = json.loads(e.settings)
+            out += [replace(e, settings=json.dumps({**s, "cap": cap}, sort_keys=True), note=f"{e.note} cap={cap:g}") for cap in caps]
+    return out
+
+def cap_table(runs: pd.DataFrame, cap_runs: pd.DataFrame, caps=(0.95, 0.8)) -> pd.DataFrame:
+    "Per bar cell and method: accuracy (%, fold 0, mean over the seeds both caps ran) at each cap, the paper's, and the majority floor at each cap."
+    paper, rows = paper_numbers(), []
+    both = pd.concat([_with_split(runs).assign(cap=0.95), _with_split(cap_runs).assign(cap=cap_runs.note.str.extract(r"cap=([\d.]+)")[0].astype(float))])
+    for d, k, a in QUALITY_BARS:
+        here = both[(both.dataset == d) & (both.clients == k) & (both.alpha == f"{a:g}") & (both.fold == 0)]
+        seeds = sorted(set.intersection(*[set(here[here.cap == c].seed) for c in caps])) if len(here) else []
+        if not seeds: continue
+        for m in sorted(set(here[here.cap == caps[-1]].method)):
+            row = dict(dataset=d, clients=k, alpha=a, method=m, seeds=len(seeds))
+            for c in caps:
+                row[f"cap {c:g}"] = 100 * here[(here.cap == c) & (here.method == m) & here.seed.isin(seeds)].accuracy.mean()
+            hit = paper[(paper.dataset == d) & (paper.clients == k) & (paper.note == f"k={k} alpha={a:g}") & (paper.method == m)]
+            row["paper"] = hit["mean"].iloc[0] if len(hit) else np.nan
+            rows.append(row)
+        for c in caps:
+            rows.append(dict(dataset=d, clients=k, alpha=a, method="Majority class (reference)", seeds=len(seeds),
+                             **{f"cap {c:g}": majority_baseline(d, k, a, tuple(seeds), cap=c) for c in caps}))
+            break
+    return pd.DataFrame(rows)

@@ -13,20 +13,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .prototypes import TrainablePrototypes
+from .prototypes import HETEROGENEOUS_MODELS, TrainablePrototypes, client_model_spec, heterogeneous_spec
 from ..core import get_device
 from ..federation import (SPLITS, Client, ClientInfo, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server,
                               class_sums, make_optimizer, register_algorithm)
 from ..models import SparseOperand, knn_graph, spmm
 
 # %% auto #0
-__all__ = ['HETEROGENEOUS_MODELS', 'HOP_MODES', 'FEDPG', 'FedPGConfig', 'heterogeneous_spec', 'model_depth', 'hop_pairs',
-           'class_operand', 'topology_prototypes', 'NeighbourAttention', 'alignment_loss', 'annotate', 'FedPGClient',
-           'cosine_margin', 'query_set', 'gpg_contrastive_loss', 'match_prototype_norms', 'client_similarity',
-           'personalised_prototypes', 'FedPGServer']
+__all__ = ['HOP_MODES', 'FEDPG', 'FedPGConfig', 'model_depth', 'hop_pairs', 'class_operand', 'topology_prototypes',
+           'NeighbourAttention', 'alignment_loss', 'annotate', 'FedPGClient', 'cosine_margin', 'query_set',
+           'gpg_contrastive_loss', 'match_prototype_norms', 'client_similarity', 'personalised_prototypes',
+           'FedPGServer']
 
 # %% ../../nbs/50_fedpg.ipynb #efcffba9
-HETEROGENEOUS_MODELS = ("gcn", "gin", "graphsage", "sgc", "gcnii")   # Table VI's five backbones
 HOP_MODES = ("within", "exact")
 
 @dataclass
@@ -79,15 +78,6 @@ class FedPGConfig(FedConfig):
             if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 # %% ../../nbs/50_fedpg.ipynb #0ea0a17b
-def heterogeneous_spec(spec: ModelSpec, cid: int, seed: int, models: tuple = HETEROGENEOUS_MODELS) -> ModelSpec:
-    "Client `cid`'s model: blocks of `len(models)` consecutive ids get a seeded random permutation of `models`."
-    block, slot = divmod(int(cid), len(models))
-    perm = np.random.default_rng([int(seed) % 2**32, block, 50]).permutation(len(models))
-    name = models[perm[slot]]
-    if name in ("sgc", "ssgc"):     # K propagation steps = the run's depth, then one linear layer
-        return spec.replace(name=name, layers=1, options={"K": spec.layers})
-    return spec.replace(name=name, options=())
-
 def model_depth(model: nn.Module) -> int:
     "Hops covered by a model's receptive field: its convolutions, or K for precomputed propagation, 0 for an MLP."
     enc = model.encoder
@@ -176,9 +166,7 @@ def annotate(logits: Tensor, y: Tensor, labelled: Tensor, pseudo: bool = True, t
 class FedPGClient(Client):
     "Trains its own model with CE + mu * prototype alignment; uploads Eq. 2's prototypes for every class and hop."
     def __init__(self, cid: int, data: LocalData, config: FedPGConfig, spec: ModelSpec):
-        if config.heterogeneous_models:
-            spec = heterogeneous_spec(spec, cid, torch.initial_seed())   # the run's seed (simulate seeds before building)
-        super().__init__(cid, data, config, spec)
+        super().__init__(cid, data, config, client_model_spec(spec, cid, config.heterogeneous_models))   # the run's seed draws it
         self.attention = NeighbourAttention(self.model.embedding_dim, config.attention_hidden, config.attention_bound).to(data.device)
         self.optimizer = make_optimizer(nn.ModuleList([self.model, self.attention]), config)
         self.hops: int | None = None

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core import get_device
-from ..federation import Client, ConfigError, FedConfig, Message, Server, class_sums, register_algorithm
+from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, register_algorithm
 
 # %% auto #0
-__all__ = ['prototypes_from_sums', 'aggregate_prototypes', 'FedProtoConfig', 'prototype_loss', 'nearest_prototype',
-           'PrototypeClassifier', 'FedProtoClient', 'FedProtoServer', 'FedTGPConfig', 'FedTGPClient',
-           'TrainablePrototypes', 'adaptive_margin', 'margin_contrastive_loss', 'FedTGPServer']
+__all__ = ['HETEROGENEOUS_MODELS', 'prototypes_from_sums', 'aggregate_prototypes', 'heterogeneous_spec', 'client_model_spec',
+           'FedProtoConfig', 'prototype_loss', 'nearest_prototype', 'PrototypeClassifier', 'FedProtoClient',
+           'FedProtoServer', 'FedTGPConfig', 'FedTGPClient', 'TrainablePrototypes', 'adaptive_margin',
+           'margin_contrastive_loss', 'FedTGPServer']
 
 # %% ../../nbs/11_prototypes.ipynb #ac12a924
 def prototypes_from_sums(sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
@@ -30,6 +32,22 @@ def aggregate_prototypes(sums: list[Tensor], counts: list[Tensor]) -> tuple[Tens
     "FedProto's global prototypes: sum of the clients' sums over sum of their counts, with the mask of classes seen."
     return prototypes_from_sums(torch.stack(sums).sum(0), torch.stack(counts).sum(0))
 
+# %% ../../nbs/11_prototypes.ipynb #0c45b6c8
+HETEROGENEOUS_MODELS = ("gcn", "gin", "graphsage", "sgc", "gcnii")   # FedPG's Table VI backbones
+
+def heterogeneous_spec(spec: ModelSpec, cid: int, seed: int, models: tuple = HETEROGENEOUS_MODELS) -> ModelSpec:
+    "Client `cid`'s model: blocks of `len(models)` consecutive ids get a seeded random permutation of `models`."
+    block, slot = divmod(int(cid), len(models))
+    perm = np.random.default_rng([int(seed) % 2**32, block, 50]).permutation(len(models))
+    name = models[perm[slot]]
+    if name in ("sgc", "ssgc"):     # K propagation steps = the run's depth, then one linear layer
+        return spec.replace(name=name, layers=1, options={"K": spec.layers})
+    return spec.replace(name=name, options=())
+
+def client_model_spec(spec: ModelSpec, cid: int, heterogeneous: bool) -> ModelSpec:
+    "The model client `cid` builds: with `heterogeneous`, its draw from `HETEROGENEOUS_MODELS` (seeded by the run's seed), else `spec`."
+    return heterogeneous_spec(spec, cid, torch.initial_seed()) if heterogeneous else spec
+
 # %% ../../nbs/11_prototypes.ipynb #23c47556
 @dataclass
 class FedProtoConfig(FedConfig):
@@ -37,6 +55,7 @@ class FedProtoConfig(FedConfig):
     evaluation: str = "local"
     lam: float = 1.0                 # weight of the prototype regulariser
     inference: str = "head"          # "head": the local classifier; "prototype": nearest global prototype
+    heterogeneous_models: bool = False   # each client runs one of HETEROGENEOUS_MODELS (FedPG's Table VI setting)
 
     def validate(self) -> None:
         super().validate()
@@ -67,8 +86,8 @@ class PrototypeClassifier(nn.Module):
 
 class FedProtoClient(Client):
     "Trains its own model with the prototype regulariser; uploads per-class embedding sums and counts."
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, cid: int, data, config: FedProtoConfig, spec: ModelSpec):
+        super().__init__(cid, data, config, client_model_spec(spec, cid, config.heterogeneous_models))
         self.global_protos: Tensor | None = None
         self.global_mask: Tensor | None = None
 
