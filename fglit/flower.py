@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['META', 'RAW_STYPE', 'STATE_CLIENT', 'STATE_NODE', 'client_app', 'server_app', 'tensor_to_array', 'array_to_tensor',
-           'put_message', 'get_message', 'message_to_record', 'record_to_message', 'record_meta', 'flower_nbytes',
-           'FlowerRun', 'resolve_config', 'node_cid', 'make_client_app', 'FlowerRunError', 'wait_for_nodes',
-           'FlowerRunResult', 'serve', 'make_server_app', 'run_flower_simulation', 'write_flower_app',
+__all__ = ['META', 'RAW_STYPE', 'STATE_CLIENT', 'STATE_NODE', 'client_app', 'DROPPED_COLUMNS', 'server_app', 'tensor_to_array',
+           'array_to_tensor', 'put_message', 'get_message', 'message_to_record', 'record_to_message', 'record_meta',
+           'flower_nbytes', 'FlowerRun', 'resolve_config', 'node_cid', 'make_client_app', 'FlowerRunError',
+           'wait_for_nodes', 'FlowerRunResult', 'serve', 'make_server_app', 'run_flower_simulation', 'write_flower_app',
            'write_flwr_connection', 'free_port', 'LocalFederation']
 
 # %% ../nbs/07_flower.ipynb #d60c7a94
@@ -119,7 +119,9 @@ class FlowerRun:
     replay: bool = False          # nodes rebuild the in-process simulator's random stream (see above)
     timeout: float = 600.0        # seconds to wait for the replies of one round
     wait_nodes: float = 120.0     # seconds to wait for `clients` SuperNodes to connect
-    result: str = ""              # a path: the ServerApp pickles the RunResult there
+    min_clients: int = 0          # fewest clients the run goes on with after losing some (0: all, any loss stops it)
+    result: str = ""              # a path: the ServerApp pickles the RunResult (or the error that stopped it) there
+    progress: str = ""            # a path: the ServerApp appends one JSON line per finished round
 
     def to_config(self) -> dict:
         "As a flat Flower run config (settings as JSON)."
@@ -132,7 +134,8 @@ class FlowerRun:
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k.replace("-", "_"): v for k, v in dict(config).items() if k.replace("-", "_") in names}
         if isinstance(d.get("settings"), str): d["settings"] = json.loads(d["settings"] or "{}")
-        for k, t in (("clients", int), ("seed", int), ("replay", bool), ("timeout", float), ("wait_nodes", float)):
+        for k, t in (("clients", int), ("seed", int), ("replay", bool), ("timeout", float), ("wait_nodes", float),
+                     ("min_clients", int)):
             if k in d: d[k] = t(d[k])
         return cls(**d)
 
@@ -281,21 +284,26 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
             raise FlowerRunError(f"only {len(nodes)} of {n} SuperNodes connected within {timeout:.0f}s")
         time.sleep(0.5)
 
-def _exchange(grid: Grid, messages: dict[int, Message], what: str, timeout: float, poll: float = 0.2) -> dict[int, Message]:
-    "Push `messages` (`{cid: Message}`), pull `{cid: reply}`; raise `FlowerRunError` for missing or failed replies."
+def _error_name(code: int) -> str:
+    from flwr.common.constant import ErrorCode
+    return next((k for k, v in vars(ErrorCode).items() if v == code and k.isupper()), str(code))
+
+def _why(error) -> str:
+    "An error reply in one line: its code's name and the last line of its reason (an exception's message)."
+    lines = (error.reason or "").strip().splitlines()
+    return f"{_error_name(error.code)}: {lines[-1][:200]}" if lines else _error_name(error.code)
+
+def _exchange(grid: Grid, messages: dict, timeout: float, poll: float = 0.2) -> tuple[dict, dict]:
+    "Push `messages` (`{key: Message}`), pull the replies: `(replies, lost)`, `lost` = `{key: why}` for error replies and those missing after `timeout` s."
     ids = dict(zip(grid.push_messages(list(messages.values())), messages))
     replies, deadline = {}, time.monotonic() + timeout
     while len(replies) < len(ids) and time.monotonic() < deadline:
         for r in grid.pull_messages([i for i, c in ids.items() if c not in replies]):
             replies[ids[r.metadata.reply_to_message_id]] = r
         if len(replies) < len(ids): time.sleep(poll)
-    failed = {cid: r.error.reason for cid, r in replies.items() if r.has_error()}
-    if failed:
-        raise FlowerRunError(f"{what}: client(s) {sorted(failed)} failed: " + "; ".join(f"{c}: {why}" for c, why in sorted(failed.items())))
-    missing = sorted(set(messages) - set(replies))
-    if missing:
-        raise FlowerRunError(f"{what}: no reply from client(s) {missing} within {timeout:.0f}s")
-    return replies
+    lost = {key: _why(r.error) for key, r in replies.items() if r.has_error()}
+    lost.update({key: f"no reply within {timeout:.0f}s" for key in messages if key not in replies})
+    return {key: r for key, r in replies.items() if key not in lost}, lost
 
 @dataclass
 class _Wire:
@@ -310,17 +318,31 @@ class _Wire:
         return pd.DataFrame(self.rows, columns=["round", "client", "kind", "direction", "flower_bytes", "fglit_bytes"])
 
 # %% ../nbs/07_flower.ipynb #8363a848
+DROPPED_COLUMNS = ["round", "client", "what", "reason"]
+
 @dataclass(repr=False)
 class FlowerRunResult(RunResult):
-    "A `RunResult` from Flower, with `wire`: every Flower message's size beside fglit's count of its content."
+    "A `RunResult` from Flower, with `wire`: every Flower message's size beside fglit's count of its content; `dropped`: the clients lost."
     wire: pd.DataFrame | None = None
     backend: str = "flower"
     exchanges: pd.DataFrame | None = None     # one row per exchange: round, what, messages, seconds
+    dropped: pd.DataFrame | None = None       # one row per lost client: round, client, what (the exchange), reason
 
     def bytes_table(self) -> pd.DataFrame:
         "Messages and bytes per kind and direction: as Flower serialises them, and fglit's `message_nbytes` of their content."
         g = self.wire.groupby(["kind", "direction"], sort=False)
         return g[["flower_bytes", "fglit_bytes"]].sum().assign(messages=g.size()).reset_index()
+
+    def summary(self) -> dict:
+        "`RunResult.summary()` plus `dropped`: the lost clients as records (empty when every client stayed)."
+        dropped = self.dropped if self.dropped is not None else pd.DataFrame(columns=DROPPED_COLUMNS)
+        return {**super().summary(), "dropped": dropped.to_dict(orient="records")}
+
+def _warn(text: str) -> None:
+    "A warning in the ServerApp's log (the console in a simulation, `flwr log` in a deployment)."
+    import logging
+    from flwr.common.logger import log
+    log(logging.WARNING, "fglit: %s", text)
 
 def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
     "Run `run` on the SuperNodes connected to `grid` with fglit's own server class; returns the result `run` would give."
@@ -331,20 +353,46 @@ def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
     partition = canonical_method(run.partition)
     ds_spec = dataset_spec(run.dataset)
     config, part_params = resolve_config(run.algorithm, ds_spec.name, ds_spec.task, partition, run.settings)
+    if not 0 <= run.min_clients <= run.clients:
+        raise ConfigError(f"min_clients must be in 0..{run.clients} (0: all clients), got {run.min_clients}")
+    need = run.min_clients or run.clients
     nodes = wait_for_nodes(grid, run.clients, run.wait_nodes)
     runrec = ConfigRecord(run.to_config())
-    wire, timing = _Wire(), []
+    wire, timing, dropped = _Wire(), [], []
+    k = run.clients
+    gone: set[int] = set()               # clients lost so far
+
+    def progress(rnd: int, clients) -> None:
+        if run.progress:
+            with open(run.progress, "a") as f:
+                f.write(json.dumps({"round": rnd, "clients": sorted(clients), "dropped": sorted(gone)}) + "\n")
 
     def exchange(messages: dict, what: str, rnd: int) -> dict:
+        "The replies of the clients that answered; lost clients are dropped, or the run stops below `min_clients`."
+        if not messages: return {}
         t0 = time.perf_counter()
-        replies = _exchange(grid, messages, f"{what} (round {rnd})", run.timeout)
+        replies, lost = _exchange(grid, messages, run.timeout)
         timing.append((rnd, what, len(messages), time.perf_counter() - t0))
+        if lost:
+            gone.update(lost)
+            dropped.extend((rnd, cid, what, why) for cid, why in sorted(lost.items()))
+            names = "; ".join(f"client {cid} ({why})" for cid, why in sorted(lost.items()))
+            left = k - len(gone)
+            if left < need:
+                raise FlowerRunError(f"{what} (round {rnd}): lost {names}; {left} of {k} clients left, "
+                                     f"fewer than min_clients={need}" + (" (0: all clients)" if run.min_clients == 0 else ""))
+            _warn(f"{what} (round {rnd}): lost {names}; continuing with {left} of {k} clients (min_clients={need})")
         return replies
 
     # 1. setup: every node loads its client's data and builds its fglit client; the server learns their ClientInfo
     setup = {i: Message(RecordDict({"fglit.run": runrec, META: ConfigRecord(dict(dataset=ds_spec.name, task=ds_spec.task))}),
                         dst_node_id=node, message_type="query.setup", group_id="0") for i, node in enumerate(nodes)}
-    by_index = exchange(setup, "setup", 0)
+    t0 = time.perf_counter()
+    by_index, lost = _exchange(grid, setup, run.timeout)
+    timing.append((0, "setup", len(setup), time.perf_counter() - t0))
+    if lost:
+        raise FlowerRunError("setup (round 0): the run needs every client at its start; lost "
+                             + "; ".join(f"SuperNode {nodes[i]} ({why})" for i, why in sorted(lost.items())))
     node_of, metas = {}, {}
     for i, reply in by_index.items():
         meta = record_meta(reply.content)
@@ -369,13 +417,14 @@ def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
             s = client_spec(spec, config, bool(m["graphless"]))
             infos.append(ClientInfo(cid, int(m["num_train"]), int(m["num_items"]), None if s == spec else s, bool(m["graphless"])))
         server = algo.server(config, infos, spec)
+    progress(0, node_of)
     # 2. rounds
     select_rng = np.random.default_rng(run.seed)
-    k = run.clients
     per_round = max(1, int(round(config.client_fraction * k)))
     history, comm = [], []
     pending: dict | None = None          # the last evaluated round's evaluation messages, not yet delivered: {cid: message or None}
     pending_round = 0
+    alive = lambda cids: [c for c in cids if c not in gone]
 
     def score_rows(rnd: int, cid: int, content: RecordDict) -> None:
         for split in ("val", "test"):
@@ -389,62 +438,72 @@ def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
                                                                    "eval_global": msg is not None}
 
     def evaluate_rest(cids: list[int], rnd: int) -> None:
-        "Send `evaluate` messages for the pending round to `cids`."
-        messages, parts = {}, {}
-        for cid in cids:
+        "Send `evaluate` messages for the pending round to `cids` (those still there)."
+        messages = {}
+        for cid in alive(cids):
             rec, flags = eval_part(cid)
-            parts[cid] = rec
             messages[cid] = Message(RecordDict({**rec, META: ConfigRecord({"round": pending_round, **flags})}),
                                     dst_node_id=node_of[cid], message_type="evaluate", group_id=str(rnd))
         replies = exchange(messages, "evaluate", pending_round)
-        for cid in cids:
+        for cid in messages:
             wire.add(pending_round, cid, "down", messages[cid], {"evaluate": message_nbytes(pending[cid] or {})})
-            wire.add(pending_round, cid, "up", replies[cid], {"evaluate": 0})
-            score_rows(pending_round, cid, replies[cid].content)
+        for cid, reply in replies.items():
+            wire.add(pending_round, cid, "up", reply, {"evaluate": 0})
+            score_rows(pending_round, cid, reply.content)
 
     for rnd in range(1, config.rounds + 1):
-        selected = list(range(k)) if per_round == k else sorted(select_rng.choice(k, per_round, replace=False).tolist())
+        drawn = list(range(k)) if per_round == k else sorted(select_rng.choice(k, per_round, replace=False).tolist())
+        selected = alive(drawn)
+        if per_round < k and len(selected) < len(drawn):
+            _warn(f"round {rnd}: {len(drawn) - len(selected)} of the {len(drawn)} selected clients were dropped before")
         with cpu_threads():
-            down = server.broadcast(rnd, selected)
+            down = server.broadcast(rnd, selected) if selected else {}
         sent = {cid: down.get(cid, {}) for cid in selected}
-        messages, train_parts, eval_parts = {}, {}, {}
+        messages = {}
         for cid in selected:
-            train_parts[cid] = put_message(RecordDict(), sent[cid])
-            eval_parts[cid], flags = eval_part(cid)
-            messages[cid] = Message(RecordDict({**train_parts[cid], **eval_parts[cid],
+            eval_rec, flags = eval_part(cid)
+            messages[cid] = Message(RecordDict({**put_message(RecordDict(), sent[cid]), **eval_rec,
                                                 META: ConfigRecord({"round": rnd, "seed": run.seed, **flags})}),
                                     dst_node_id=node_of[cid], message_type="train", group_id=str(rnd))
-        if pending is not None and per_round < k:
+        if pending is not None and len(selected) < k:
             evaluate_rest([c for c in range(k) if c not in sent], rnd)
         replies = exchange(messages, "train", rnd)
         up = {}
         for cid in selected:
-            up[cid] = get_message(replies[cid].content)
             comm.append((rnd, cid, "down", message_nbytes(sent[cid]), message_floats(sent[cid])))
-            comm.append((rnd, cid, "up", message_nbytes(up[cid]), message_floats(up[cid])))
-            down_parts, up_parts = {"train": message_nbytes(sent[cid])}, {"train": message_nbytes(up[cid])}
-            if pending is not None:
-                down_parts["evaluate"], up_parts["evaluate"] = message_nbytes(pending[cid] or {}), 0
-                score_rows(pending_round, cid, replies[cid].content)
+            down_parts = {"train": message_nbytes(sent[cid])}
+            if pending is not None: down_parts["evaluate"] = message_nbytes(pending[cid] or {})
             wire.add(rnd, cid, "down", messages[cid], down_parts)
+            if cid not in replies: continue
+            up[cid] = get_message(replies[cid].content)
+            comm.append((rnd, cid, "up", message_nbytes(up[cid]), message_floats(up[cid])))
+            up_parts = {"train": message_nbytes(up[cid])}
+            if pending is not None:
+                up_parts["evaluate"] = 0
+                score_rows(pending_round, cid, replies[cid].content)
             wire.add(rnd, cid, "up", replies[cid], up_parts)
         pending = None
-        with cpu_threads():
-            server.aggregate(rnd, up)
+        if up:
+            with cpu_threads():
+                server.aggregate(rnd, up)
+        progress(rnd, up)
         if rnd % config.eval_every == 0 or rnd == config.rounds:
             with cpu_threads():
-                pending = {cid: (server.evaluation_message(cid) if config.evaluation == "global" else None) for cid in range(k)}
+                pending = {cid: (server.evaluation_message(cid) if config.evaluation == "global" else None) for cid in alive(range(k))}
             pending_round = rnd
-    evaluate_rest(list(range(k)), config.rounds)
+    if pending is not None:
+        evaluate_rest(list(range(k)), config.rounds)
     history = pd.DataFrame(history).sort_values(["round", "client", "split"], kind="stable")
     seed_run = SeedRun(run.seed, history.reset_index(drop=True),
                        pd.DataFrame(comm, columns=["round", "client", "direction", "bytes", "floats"]),
                        time.perf_counter() - start, config.weighting, config.selection)
     return FlowerRunResult(algo.name, ds_name, partition, k, dataclasses.asdict(config), part_params, [seed_run], git_commit(),
-                           wire=wire.frame(), exchanges=pd.DataFrame(timing, columns=["round", "what", "messages", "seconds"]))
+                           wire=wire.frame(), exchanges=pd.DataFrame(timing, columns=["round", "what", "messages", "seconds"]),
+                           dropped=pd.DataFrame(dropped, columns=DROPPED_COLUMNS))
 
 # %% ../nbs/07_flower.ipynb #7d092cd5
-def _write_result(result: FlowerRunResult, path: str) -> None:
+def _write_result(result, path: str) -> None:
+    "Pickle `result` (a `FlowerRunResult`, or the exception that stopped the run) to `path`, atomically."
     import pickle
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -453,13 +512,19 @@ def _write_result(result: FlowerRunResult, path: str) -> None:
         tmp.replace(path)
 
 def make_server_app(run: FlowerRun | None = None, holder: dict | None = None, backend: str = "flower") -> ServerApp:
-    "A ServerApp running `run` (None: the run config of the Flower run); the result goes to `holder['result']` and `run.result`."
+    "A ServerApp running `run` (None: the run config of the Flower run); the result (or error) goes to `holder` and `run.result`."
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         spec = run or FlowerRun.from_config(context.run_config)
-        result = serve(grid, spec)
+        try:
+            result = serve(grid, spec)
+        except Exception as err:
+            error = err if isinstance(err, (FlowerRunError, ConfigError)) else FlowerRunError(f"{type(err).__name__}: {err}")
+            if holder is not None: holder["error"] = error
+            _write_result(error, spec.result)
+            raise
         result.backend = backend
         if holder is not None: holder["result"] = result
         _write_result(result, spec.result)
@@ -472,7 +537,7 @@ server_app = make_server_app()
 def run_flower_simulation(algorithm: str, dataset: str, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
                           seed: int = 0, settings: dict | None = None, root: str | None = None, replay: bool = False,
                           num_cpus: int | None = None, client_cpus: float = 1.0, timeout: float = 600.0,
-                          verbose: bool = False) -> FlowerRunResult:
+                          min_clients: int = 0, verbose: bool = False) -> FlowerRunResult:
     "Run `algorithm` as `fglit.federation.run` would (one seed), through Flower's simulation engine."
     from flwr.simulation import run_simulation
     settings = dict(settings or {})
@@ -481,13 +546,14 @@ def run_flower_simulation(algorithm: str, dataset: str, partition: str = "louvai
         raise ConfigError("on Flower the dataset is named (each node loads it): pass its name")
     import os
     spec = FlowerRun(algorithm, dataset, partition, clients, seed, settings, str(root or os.environ.get("FGLIT_DATA", "")),
-                     replay, timeout)
+                     replay, timeout, min_clients=min_clients)
     holder: dict = {}
     init = {"include_dashboard": False, "log_to_driver": verbose}
     if num_cpus: init["num_cpus"] = num_cpus
     backend = {"client_resources": {"num_cpus": client_cpus, "num_gpus": 0.0}, "init_args": init}
     run_simulation(make_server_app(spec, holder, "flower-sim"), client_app, num_supernodes=clients,
                    backend_config=backend, verbose_logging=verbose)
+    if "error" in holder: raise holder["error"]
     if "result" not in holder:
         raise FlowerRunError("the Flower simulation ended without a result (see the log above)")
     return holder["result"]
@@ -550,8 +616,8 @@ def _bin(name: str) -> str:
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else (shutil.which(name) or name)
 
-def _kill_tree(proc, grace: float = 5.0) -> None:
-    "Terminate `proc` and all its descendants (SIGTERM, then SIGKILL after `grace` seconds)."
+def _kill_tree(proc, grace: float = 5.0, hard: bool = False) -> None:
+    "Terminate `proc` and all its descendants (SIGTERM, then SIGKILL after `grace` seconds; `hard`: SIGKILL at once)."
     import psutil
     try:
         root = psutil.Process(proc.pid)
@@ -559,7 +625,7 @@ def _kill_tree(proc, grace: float = 5.0) -> None:
     except psutil.NoSuchProcess:
         procs = []
     for p in procs:
-        try: p.terminate()
+        try: p.kill() if hard else p.terminate()
         except psutil.NoSuchProcess: pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
@@ -601,6 +667,10 @@ class LocalFederation:
         else: self.supernodes.append(p)
         return p
 
+    def kill_supernode(self, cid: int, hard: bool = True) -> None:
+        "Stop client `cid`'s SuperNode and its children: SIGKILL (`hard`, a crash: the SuperLink notices after missed heartbeats) or SIGTERM (it signs off)."
+        _kill_tree(self.supernodes[cid], hard=hard)
+
     def __enter__(self) -> "LocalFederation":
         try:
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
@@ -624,25 +694,34 @@ class LocalFederation:
             time.sleep(0.3)
         raise FlowerRunError(f"the SuperLink did not open port {port} within {timeout:.0f}s")
 
-    def submit(self, run: FlowerRun, timeout: float = 600.0) -> FlowerRunResult:
-        "Run `run` on this federation with `flwr run` and return its result (waits at most `timeout` seconds)."
+    def submit(self, run: FlowerRun, timeout: float = 600.0, on_progress=None) -> FlowerRunResult:
+        "Run `run` on this federation with `flwr run`; its result, or the error that stopped it raised (waits at most `timeout` s). `on_progress(event)` sees each finished round."
         import pickle, subprocess
-        result = self.workdir / f"result-{time.time_ns()}.pkl"
-        run = dataclasses.replace(run, result=str(result))
+        stamp = time.time_ns()
+        result, progress = self.workdir / f"result-{stamp}.pkl", self.workdir / f"progress-{stamp}.jsonl"
+        run = dataclasses.replace(run, result=str(result), progress=run.progress or str(progress))
         app = write_flower_app(self.workdir / "app", run)
         out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"], env=self.env, cwd=self.workdir,
                              capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise FlowerRunError(f"flwr run failed ({out.returncode}): {out.stdout[-2000:]} {out.stderr[-2000:]}")
         self.run_id = json.loads(out.stdout[out.stdout.index("{"):]).get("run-id")
-        deadline = time.monotonic() + timeout
+        deadline, seen = time.monotonic() + timeout, 0
         while not result.exists():
+            if on_progress is not None and Path(run.progress).exists():
+                lines = Path(run.progress).read_text().split("\n")[:-1]      # complete lines only
+                for line in lines[seen:]: on_progress(json.loads(line))
+                seen = len(lines)
             if time.monotonic() > deadline:
                 raise FlowerRunError(f"no result within {timeout:.0f}s; {self.tail()}")
             if self.superlink.poll() is not None:
                 raise FlowerRunError(f"the SuperLink exited; {self.tail()}")
-            time.sleep(0.5)
-        return pickle.loads(result.read_bytes())
+            time.sleep(0.2)
+        if on_progress is not None and Path(run.progress).exists():
+            for line in Path(run.progress).read_text().split("\n")[seen:-1]: on_progress(json.loads(line))
+        out = pickle.loads(result.read_bytes())
+        if isinstance(out, BaseException): raise out
+        return out
 
     def tail(self, n: int = 3000) -> str:
         "The end of the SuperLink's log (where the ServerApp's errors appear)."
