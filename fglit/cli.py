@@ -21,7 +21,8 @@ class UsageError(Exception):
 
 # %% auto #0
 __all__ = ['PRIVACY_FLAGS', 'REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings', 'cmd_partition', 'privacy_settings',
-           'run_on_flower', 'cmd_run', 'cmd_demo', 'cmd_reproduce', 'build_parser', 'main']
+           'run_on_flower', 'cmd_run', 'print_result', 'cmd_demo', 'cmd_reproduce', 'cmd_flower_app',
+           'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -89,12 +90,12 @@ def run_on_flower(args, settings: dict):
     extra = {k: v for k, v in (("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
     results = [run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds, seed=seed,
                                      settings={**settings, **extra}, root=args.root) for seed in args.seeds]
-    return replace(results[0], runs=[r for res in results for r in res.runs])
+    return replace(results[0], runs=[r for res in results for r in res.runs],
+                   dropped=pd.concat([res.dropped.assign(seed=res.runs[0].seed) for res in results], ignore_index=True))
 
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
     from fglit.federation import ConfigError, run
-    from fglit.metrics import format_mean_std
     settings = {**parse_settings(args.set), **privacy_settings(args)}
     try:
         if getattr(args, "backend", "inprocess") == "flower-sim":
@@ -105,8 +106,13 @@ def cmd_run(args) -> int:
                          progress=None if not args.quiet else False)
     except ConfigError as err:
         raise UsageError(str(err)) from None
+    return print_result(result, args.json)
+
+def print_result(result, as_json: bool = False) -> int:
+    "Print a `RunResult` as `fglit run` does: tables, or its summary as one JSON object."
+    from fglit.metrics import format_mean_std
     summary = result.summary()
-    if args.json:
+    if as_json:
         print(json.dumps(summary, default=float))
         return 0
     scores = result.scores()
@@ -120,6 +126,9 @@ def cmd_run(args) -> int:
     _print_table(per_client.round(4), False)
     print(f"\ncommunication per run: {summary['bytes_up']:,} bytes up, {summary['bytes_down']:,} bytes down "
           f"({summary['floats_up'] + summary['floats_down']:,} floats); {summary['wall_time_s']:.1f}s per seed")
+    if summary.get("dropped"):
+        print("clients lost on Flower (the run went on without them): "
+              + "; ".join(f"client {d['client']} in round {d['round']} ({d['reason']})" for d in summary["dropped"]))
     if summary.get("privacy"):
         pv = summary["privacy"]
         if pv.get("secure_aggregation"):
@@ -193,6 +202,70 @@ def cmd_reproduce(args) -> int:
             print(table.round(2).to_string(index=False))
     return 0
 
+# %% ../nbs/06_cli.ipynb #f1a0c002
+def _flower_spec(args, settings: dict):
+    "The `FlowerRun` of `fglit flower app|local`, its settings checked as `fglit run` checks them."
+    from fglit.data import dataset_spec
+    from fglit.federation import ConfigError
+    from fglit.flower import FlowerRun, resolve_config
+    from fglit.partition import canonical_method
+    extra = {k: v for k, v in (("rounds", args.rounds), ("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
+    run = FlowerRun(args.algorithm, args.dataset, args.partition, args.clients, args.seed, {**settings, **extra},
+                    root=args.root or "", timeout=args.timeout, min_clients=args.min_clients, result=getattr(args, "result", None) or "")
+    ds = dataset_spec(args.dataset)
+    try:
+        if args.clients < 1: raise ConfigError(f"--clients must be >= 1, got {args.clients}")
+        if not 0 <= args.min_clients <= args.clients:
+            raise ConfigError(f"--min-clients must be in 0..{args.clients} (0: all clients), got {args.min_clients}")
+        resolve_config(run.algorithm, ds.name, ds.task, canonical_method(run.partition), run.settings)
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+    return run
+
+def cmd_flower_app(args) -> int:
+    "Write a Flower App for this run (and the `flwr` connection), and print how to deploy it."
+    from pathlib import Path
+    from fglit.flower import write_flower_app, write_flwr_connection
+    run = _flower_spec(args, parse_settings(args.set))
+    if args.superlink and not (args.insecure or args.root_certificates):
+        raise UsageError("--superlink needs --root-certificates CA (TLS) or --insecure")
+    app = write_flower_app(args.out, run)
+    print(f"wrote {app / 'pyproject.toml'} ({run.algorithm} on {run.dataset}, {run.partition} x{run.clients}, seed {run.seed})")
+    if args.superlink:
+        home = Path(args.flwr_home).expanduser()
+        conf = write_flwr_connection(home, args.superlink, insecure=args.insecure,
+                                     root_certificates=str(Path(args.root_certificates).resolve()) if args.root_certificates else None)
+        print(f"wrote {conf} (connection 'fglit' -> {args.superlink}, {'insecure' if args.insecure else 'TLS'})")
+    host = args.superlink or "SUPERLINK_HOST:9092"
+    tls_link = "--insecure" if args.insecure else "--ssl-ca-certfile ca.crt --ssl-certfile server.pem --ssl-keyfile server.key"
+    tls_node = "--insecure" if args.insecure else "--root-certificates ca.crt"
+    print(f"""
+next steps (see nbs/07_flower.ipynb, "Running fglit across machines"):
+  server:        flower-superlink --host 0.0.0.0 --port {host.rsplit(':', 1)[-1]} --disable-runtime-dependency-installation {tls_link}
+  client i:      FGLIT_DATA=/path/to/datasets flower-supernode --superlink {host} {tls_node} \\
+                     --node-config "partition-id=i num-partitions={run.clients}"     (i = 0..{run.clients - 1})
+  submit:        FLWR_HOME={args.flwr_home} flwr run {app} fglit --stream""")
+    return 0
+
+def cmd_flower_local(args) -> int:
+    "Run on a SuperLink and SuperNodes started on this machine (loopback, insecure); print the result as `fglit run` does."
+    import tempfile
+    from pathlib import Path
+    from fglit.flower import FlowerRunError, LocalFederation
+    run = _flower_spec(args, parse_settings(args.set))
+    with tempfile.TemporaryDirectory(prefix="fglit-flower-") as tmp:
+        work = Path(args.workdir) if args.workdir else Path(tmp)
+        env = {"FGLIT_DATA": str(Path(args.root).resolve())} if args.root else {}
+        try:
+            with LocalFederation(run.clients, work, env=env) as fed:
+                if not args.json: print(f"SuperLink on {fed.address}, {run.clients} SuperNodes; logs in {work}", file=sys.stderr)
+                result = fed.submit(run, timeout=args.wait)
+        except FlowerRunError as err:          # a lost SuperNode below --min-clients, or a failing ClientApp
+            print(f"fglit: the Flower run stopped: {err}", file=sys.stderr)
+            return 1
+    return print_result(result, args.json)
+
+
 # %% ../nbs/06_cli.ipynb #3f9c2ef5
 def _algorithm_names() -> list[str]:
     "Every registered algorithm (importing the algorithm modules registers them)."
@@ -247,6 +320,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dp-delta", type=float, metavar="D", dest="dp_delta", help="delta of the reported epsilon")
     g.add_argument("--dp-fraction", type=float, metavar="P", dest="dp_fraction", help="share of coordinates noised (FedPG-style; < 1: no finite epsilon)")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("flower", help="fglit on Flower: write a Flower App for a deployment, or run one on this machine")
+    fsub = p.add_subparsers(dest="flower_command", required=True)
+    for name, func, text in (("app", cmd_flower_app, "write a Flower App (pyproject.toml) for `flwr run` and print the deployment commands"),
+                             ("local", cmd_flower_local, "run on a SuperLink and SuperNodes started on this machine (loopback)")):
+        q = fsub.add_parser(name, help=text)
+        q.add_argument("algorithm", help=", ".join(_algorithm_names()))
+        q.add_argument("--dataset", required=True)
+        q.add_argument("--partition", default="louvain", help=_partition_help())
+        q.add_argument("--clients", type=int, default=10)
+        q.add_argument("--rounds", type=int)
+        q.add_argument("--local-epochs", type=int, dest="local_epochs")
+        q.add_argument("--model")
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, as for `fglit run`")
+        q.add_argument("--root", default=None, help="data root on the nodes (default: each node's $FGLIT_DATA or data-root)")
+        q.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one round's replies")
+        q.add_argument("--min-clients", type=int, default=0, dest="min_clients",
+                       help="fewest clients the run goes on with after losing some (0: all; any loss stops the run)")
+        q.set_defaults(func=func)
+        if name == "app":
+            q.add_argument("--out", required=True, metavar="DIR", help="the app directory to write")
+            q.add_argument("--result", help="path where the ServerApp pickles the result (on the SuperLink's machine)")
+            q.add_argument("--superlink", metavar="HOST:PORT", help="also write the flwr CLI's connection to this SuperLink")
+            q.add_argument("--root-certificates", dest="root_certificates", metavar="CA", help="CA certificate of the SuperLink (TLS)")
+            q.add_argument("--insecure", action="store_true", help="no TLS (a trusted network or loopback only)")
+            q.add_argument("--flwr-home", dest="flwr_home", default="~/.flwr", help="where the flwr CLI's config.toml goes")
+        else:
+            q.add_argument("--json", action="store_true", help="print one JSON object")
+            q.add_argument("--workdir", help="keep the logs, app and result here (default: a temporary folder)")
+            q.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for the whole run")
     p = sub.add_parser("demo", help="a centralised model on a dataset's public split")
     p.add_argument("--dataset", default="Cora")
     p.add_argument("--model", default="gcn")

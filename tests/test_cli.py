@@ -109,3 +109,40 @@ def test_reproduce_gpfl_in_chunks(shared_root, tmp_path):
     assert bad.returncode == 2 and "--methods does not apply" in bad.stderr
     bad = fglit("reproduce", "gpfl", "--settings", "25-0.5", "--quick", "--out", str(tmp_path / "y.csv"))
     assert bad.returncode == 2 and "CLIENTS:ALPHA" in bad.stderr
+
+
+def test_flower_app_writes_the_run_and_the_connection(tmp_path):
+    "`fglit flower app`: the app's run config is the run asked for, the flwr connection uses TLS with the CA given."
+    import tomllib
+    from fglit.flower import FlowerRun
+    (tmp_path / "ca.crt").write_text("not a real certificate")
+    out = fglit("flower", "app", "fedavg", "--dataset", "Cora", "--partition", "metis", "--clients", "4", "--rounds", "3",
+                "--seed", "2", "--set", "lr=0.05", "--min-clients", "3", "--timeout", "90", "--out", str(tmp_path / "app"),
+                "--superlink", "server.lab:9092", "--root-certificates", str(tmp_path / "ca.crt"),
+                "--flwr-home", str(tmp_path / "flwr"))
+    assert out.returncode == 0, out.stderr
+    project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    assert project["tool"]["flwr"]["app"]["components"] == {"serverapp": "fglit.flower:server_app",
+                                                             "clientapp": "fglit.flower:client_app"}
+    run = FlowerRun.from_config(project["tool"]["flwr"]["app"]["config"])
+    assert run == FlowerRun("fedavg", "Cora", "metis", 4, 2, {"lr": 0.05, "rounds": 3}, timeout=90.0, min_clients=3)
+    conn = tomllib.loads((tmp_path / "flwr" / "config.toml").read_text())
+    assert conn["superlink"]["default"] == "fglit"
+    assert conn["superlink"]["fglit"] == {"address": "server.lab:9092", "insecure": False,
+                                          "root-certificates": str(tmp_path / "ca.crt")}
+    assert 'flower-supernode --superlink server.lab:9092 --root-certificates ca.crt' in out.stdout
+    assert "num-partitions=4" in out.stdout and f"flwr run {tmp_path / 'app'} fglit" in out.stdout
+
+
+def test_flower_refuses_bad_input_before_starting_anything(tmp_path, capsys):
+    "Bad settings, a bad minimum, or a SuperLink without TLS or --insecure: exit 2, one line, nothing written or started."
+    from fglit.cli import main          # in-process: four more interpreter starts would cost a minute on a busy machine
+    for args, message in ((("app", "fedavg", "--dataset", "Cora", "--set", "lr=fast"), "lr"),
+                          (("app", "fedavg", "--dataset", "Cora", "--clients", "4", "--min-clients", "5"), "--min-clients"),
+                          (("app", "fedavg", "--dataset", "Cora", "--superlink", "h:1"), "--insecure"),
+                          (("local", "fedavgg", "--dataset", "Cora", "--clients", "2"), "fedavgg")):
+        extra = ("--out", str(tmp_path / "app")) if args[0] == "app" else ("--workdir", str(tmp_path / "work"))
+        assert main(["flower", *args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "app").exists() and not (tmp_path / "work").exists()
