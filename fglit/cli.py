@@ -162,6 +162,7 @@ REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, d
     "opfgl": ("fglit.opfgl_results", "opfgl_experiments", "results/opfgl/runs.csv"),
     "fedgls": ("fglit.fedgls_results", "fedgls_experiments", "results/fedgls/runs.csv"),
     "gpfl": ("fglit.gpfl_results", "gpfl_experiments", "results/gpfl/runs.csv"),
+    "fedpg": ("fglit.fedpg_results", "fedpg_experiments", "results/fedpg/runs.csv"),
 }
 
 def _grid_setting(text: str) -> tuple[int, float]:
@@ -361,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paper", help=", ".join(REPRODUCTIONS))
     p.add_argument("--tables", nargs="+", help="which tables/figures (default: all of the paper's grid)")
     p.add_argument("--datasets", nargs="+", help="datasets for the tables that take them (default: the offline ones)")
-    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: as many as the paper ran: O-pFGL 3, FedGLS 5)")
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: as many as the paper ran: O-pFGL 3, FedGLS 5, GPFL 3, FedPG 10)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; each uses one CPU thread)")
     p.add_argument("--out", help="results CSV, appended to and resumed from (default: results/<paper>/runs.csv)")
     p.add_argument("--quick", action="store_true", help="shortened schedules (a smoke test, not a reproduction)")

@@ -146,3 +146,16 @@ def test_flower_refuses_bad_input_before_starting_anything(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "app").exists() and not (tmp_path / "work").exists()
+
+
+def test_reproduce_fedpg_quick_row_beside_the_paper(shared_root, tmp_path):
+    "`fglit reproduce fedpg`: one quick row of Table X (FedPG on Cora) lands beside the paper's 86.5."
+    out = tmp_path / "runs.csv"
+    res = fglit("reproduce", "fedpg", "--tables", "10", "--datasets", "Cora", "--methods", "FedPG", "--seeds", "0", "--quick",
+                "--quiet", "--json", "--out", str(out), env={"FGLIT_DATA": str(shared_root)})
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [(r["table"], r["dataset"], r["method"]) for r in rows] == [("10", "Cora", "FedPG")]
+    assert rows[0]["paper"] == 86.5 and 0 < rows[0]["ours"] <= 100
+    bad = fglit("reproduce", "fedpg", "--tables", "11", "--quick", "--out", str(tmp_path / "x.csv"))
+    assert bad.returncode == 2 and "unknown table" in bad.stderr
