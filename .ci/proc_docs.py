@@ -8,8 +8,9 @@ from nbdev.doclinks import _build_modidx
 from nbdev.quarto import nbdev_sidebar, refresh_quarto_yml
 from nbdev.serve import proc_nbs
 
-refresh_quarto_yml()
-_build_modidx()
-nbdev_sidebar.__wrapped__()
-proc_nbs()
-print("docs-proc: notebooks processed into _proc/")
+if __name__ == "__main__":      # proc_nbs starts worker processes that re-import this file
+    refresh_quarto_yml()
+    _build_modidx()
+    nbdev_sidebar.__wrapped__()
+    proc_nbs()
+    print("docs-proc: notebooks processed into _proc/")
