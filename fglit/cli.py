@@ -274,6 +274,16 @@ def _algorithm_names() -> list[str]:
     _import_algorithms()
     return sorted(ALGORITHMS)
 
+def _add_run_arguments(p, algorithms: list[str]) -> None:
+    "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
+    p.add_argument("algorithm", help=", ".join(algorithms))
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--partition", default="louvain", help=_partition_help())
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--local-epochs", type=int, dest="local_epochs")
+    p.add_argument("--model")
+
 def _partition_help() -> str:
     from fglit.partition import PARTITION_ALIASES, PARTITIONERS
     return ", ".join(PARTITIONERS) + " (also: " + ", ".join(f"{a} = {m}" for a, m in PARTITION_ALIASES.items()) + ")"
@@ -296,13 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("run", help="a federated run of an algorithm (the main job)")
-    p.add_argument("algorithm", help=", ".join(_algorithm_names()))
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--partition", default="louvain", help=_partition_help())
-    p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--local-epochs", type=int, dest="local_epochs")
-    p.add_argument("--model")
+    _add_run_arguments(p, _algorithm_names())
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, e.g. lr=0.005 mode=pack")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -326,13 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("app", cmd_flower_app, "write a Flower App (pyproject.toml) for `flwr run` and print the deployment commands"),
                              ("local", cmd_flower_local, "run on a SuperLink and SuperNodes started on this machine (loopback)")):
         q = fsub.add_parser(name, help=text)
-        q.add_argument("algorithm", help=", ".join(_algorithm_names()))
-        q.add_argument("--dataset", required=True)
-        q.add_argument("--partition", default="louvain", help=_partition_help())
-        q.add_argument("--clients", type=int, default=10)
-        q.add_argument("--rounds", type=int)
-        q.add_argument("--local-epochs", type=int, dest="local_epochs")
-        q.add_argument("--model")
+        _add_run_arguments(q, _algorithm_names())
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, as for `fglit run`")
         q.add_argument("--root", default=None, help="data root on the nodes (default: each node's $FGLIT_DATA or data-root)")

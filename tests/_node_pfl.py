@@ -1,8 +1,28 @@
 """Shared by the tests of the personalised node-level baselines (Fed-PUB, FedGTA): clients built directly on a partition,
-and the partial-participation check every server that keeps one model per client must pass."""
+and the partial-participation check every server that keeps one model per client must pass; `fglit run ... --json` in a
+subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
-from fglit.federation import ClientInfo, LocalData, ModelSpec, make_config
+from fglit.federation import ALGORITHM_MODULES, ClientInfo, LocalData, ModelSpec, make_config
+
+SCRIPT = Path(sys.executable).parent / "fglit"
+
+
+def cli_run_json(shared_root, algorithm: str, *args: str) -> dict:
+    "The summary printed by `fglit run ALGORITHM ARGS --json` (the algorithm's module must be in ALGORITHM_MODULES)."
+    module = f"fglit.algorithms.{algorithm}"
+    assert module in ALGORITHM_MODULES, f"{module} is not in ALGORITHM_MODULES (the CLI cannot find it)"
+    assert SCRIPT.is_file(), f"the fglit console script is not installed at {SCRIPT}"
+    out = subprocess.run([str(SCRIPT), "run", algorithm, *args, "--json"], capture_output=True, text=True,
+                         env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 def make_clients(config_cls, server_cls, client_cls, ds, part, datas=None, **settings):

@@ -17,6 +17,23 @@ def shared_root() -> Path:
 
 
 @pytest.fixture
+def simulator_threads():
+    "Compute with fglit's simulation thread count (as `run` does), restored afterwards: hand-run clients match `run`."
+    from fglit.core import cpu_threads
+    with cpu_threads():
+        yield
+
+
+@pytest.fixture(scope="module")
+def cora_parts(shared_root):
+    "Cora and its 3-client Louvain partition (seed 0): the node-level algorithms' test clients."
+    from fglit.data import load_dataset
+    from fglit.partition import partition
+    ds = load_dataset("Cora", shared_root)
+    return ds, partition(ds, "louvain", 3, seed=0)
+
+
+@pytest.fixture
 def fresh_cache(tmp_path, monkeypatch) -> Path:
     "An empty fglit cache for one test."
     cache = tmp_path / "cache"

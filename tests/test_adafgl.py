@@ -1,10 +1,7 @@
 """Tests for AdaFGL (`fglit.algorithms.adafgl`, from nbs/17_adafgl.ipynb)."""
-import json
 import math
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,19 +10,14 @@ from hypothesis import given, settings, strategies as st
 from fglit.algorithms.adafgl import (AdaFGLClient, AdaFGLConfig, AdaFGLPersonal, AdaFGLServer, HopLinear, homophily_confidence,
                                      knowledge_adjacency, knowledge_edges, personal_epochs_in_round, propagated_features,
                                      signed_propagation, sparse_operand)
-from fglit.federation import (ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config,
+from fglit.federation import (ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config,
                               run)
 from fglit.models import adjacency
 
-SCRIPT = Path(sys.executable).parent / "fglit"
+from _node_pfl import SCRIPT, cli_run_json
 
 
-@pytest.fixture(autouse=True)
-def one_cpu_thread():
-    "Each test computes with fglit's simulation thread count (as `run` does), restored afterwards."
-    from fglit.core import cpu_threads
-    with cpu_threads():
-        yield
+pytestmark = pytest.mark.usefixtures("simulator_threads")     # conftest: the simulator's CPU thread count, as `run` uses
 
 
 # -- registration and configuration ---------------------------------------------------------------
@@ -195,12 +187,7 @@ def test_personal_model_branches_and_fusion(fusion, keys):
 
 
 # -- client and server ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cora_parts(shared_root):
-    from fglit.data import load_dataset
-    from fglit.partition import partition
-    ds = load_dataset("Cora", shared_root)
-    return ds, partition(ds, "louvain", 3, seed=0)
+# cora_parts (conftest): Cora and its 3-client Louvain partition, seed 0
 
 
 def make_parties(ds, clients_data, **settings):
@@ -289,13 +276,7 @@ def test_runs_under_secure_aggregation_and_partial_participation(shared_root):
 
 
 def test_cli_run_adafgl_json(shared_root):
-    assert "fglit.algorithms.adafgl" in ALGORITHM_MODULES, "fglit.algorithms.adafgl is not in ALGORITHM_MODULES (the CLI cannot find it)"
-    assert SCRIPT.is_file(), f"the fglit console script is not installed at {SCRIPT}"
-    out = subprocess.run([str(SCRIPT), "run", "adafgl", "--dataset", "Cora", "--partition", "louvain", "--clients", "5",
-                          "--rounds", "2", "--json"], capture_output=True, text=True,
-                         env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)
-    assert out.returncode == 0, out.stderr
-    s = json.loads(out.stdout)
+    s = cli_run_json(shared_root, "adafgl", "--dataset", "Cora", "--partition", "louvain", "--clients", "5", "--rounds", "2")
     assert s["algorithm"] == "adafgl" and s["rounds"] == 2 and s["config"]["federated_rounds"] == 1
     assert len(s["per_client"]) == 5 and 0 < s["accuracy_mean"] <= 1 and s["bytes_up"] > 0
 

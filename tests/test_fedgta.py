@@ -186,12 +186,7 @@ def test_thresholds_at_the_ends_and_bad_confidences():
 
 
 # -- client and server ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cora_parts(shared_root):
-    from fglit.data import load_dataset
-    from fglit.partition import partition
-    ds = load_dataset("Cora", shared_root)
-    return ds, partition(ds, "louvain", 3, seed=0)
+# cora_parts (conftest): Cora and its 3-client Louvain partition, seed 0
 
 
 def make_clients(ds, part, datas=None, **settings):

@@ -1,30 +1,20 @@
 """Tests for FedSage+ (`fglit.algorithms.fedsage`, from nbs/18_fedsage.ipynb)."""
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from torch.nn.utils import parameters_to_vector
 
-from fglit.core import cpu_threads
 from fglit.algorithms.fedsage import (FedSageClient, FedSageConfig, FedSageServer, NeighGen, feature_matching_loss,
                                       impair_graph, mend_graph, neighgen_losses, predicted_counts)
-from fglit.federation import (ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config,
+from fglit.federation import (ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config,
                               message_nbytes, run)
 
-SCRIPT = Path(sys.executable).parent / "fglit"
+from _node_pfl import cli_run_json
 
 
-@pytest.fixture(autouse=True)
-def simulator_threads():
-    "Hand-run clients below compute with the simulator's CPU thread count, as `run` does."
-    with cpu_threads():
-        yield
+pytestmark = pytest.mark.usefixtures("simulator_threads")     # conftest: the simulator's CPU thread count, as `run` uses
 
 
 # -- registration and configuration ---------------------------------------------------------------
@@ -161,12 +151,7 @@ def test_generator_losses_decrease_on_a_toy_graph():
 
 
 # -- clients and server -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cora_parts(shared_root):
-    from fglit.data import load_dataset
-    from fglit.partition import partition
-    ds = load_dataset("Cora", shared_root)
-    return ds, partition(ds, "louvain", 3, seed=0)
+# cora_parts (conftest): Cora and its 3-client Louvain partition, seed 0
 
 
 def make_parties(ds, clients_data, **settings):
@@ -293,12 +278,7 @@ def test_short_cora_run_learns_and_is_reproducible(shared_root):
 
 
 def test_cli_run_fedsage_json(shared_root):
-    assert "fglit.algorithms.fedsage" in ALGORITHM_MODULES, "fglit.algorithms.fedsage is not in ALGORITHM_MODULES (the CLI cannot find it)"
-    out = subprocess.run([str(SCRIPT), "run", "fedsage", "--dataset", "Cora", "--partition", "metis", "--clients", "3",
-                          "--rounds", "2", "--json"], capture_output=True, text=True,
-                         env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)
-    assert out.returncode == 0, out.stderr
-    s = json.loads(out.stdout)
+    s = cli_run_json(shared_root, "fedsage", "--dataset", "Cora", "--partition", "metis", "--clients", "3", "--rounds", "2")
     assert s["algorithm"] == "fedsage" and s["rounds"] == 2 and s["config"]["gen_rounds"] == 1
     assert len(s["per_client"]) == 3 and 0 < s["accuracy_mean"] <= 1 and s["bytes_up"] > 0
 

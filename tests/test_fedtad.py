@@ -245,12 +245,7 @@ def test_no_known_class_or_no_epochs_leaves_the_student_alone():
 
 
 # -- client and server on Cora --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cora_parts(shared_root):
-    from fglit.data import load_dataset
-    from fglit.partition import partition
-    ds = load_dataset("Cora", shared_root)
-    return ds, partition(ds, "louvain", 3, seed=0)
+# cora_parts (conftest): Cora and its 3-client Louvain partition, seed 0
 
 
 def make_clients(ds, part, datas=None, **settings):
