@@ -509,8 +509,7 @@ ALGORITHMS: dict[str, Algorithm] = {}
 ALGORITHM_MODULES = ("fglit.algorithms.fedavg", "fglit.algorithms.prototypes", "fglit.algorithms.opfgl", "fglit.algorithms.fedgls",
                      "fglit.algorithms.gpfl", "fglit.algorithms.pfl", "fglit.algorithms.fedstar",
                      "fglit.algorithms.fedpub", "fglit.algorithms.fedgta", "fglit.algorithms.adafgl", "fglit.algorithms.fedsage",
-                     "fglit.algorithms.fedpg",
-                     "fglit.algorithms.fedtad")
+                     "fglit.algorithms.fedtad", "fglit.algorithms.fedpg")
 
 def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None) -> Algorithm:

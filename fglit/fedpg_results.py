@@ -229,7 +229,7 @@ def run_fedpg_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
               settings=settings, progress=False, callback=count)
     wall, s = time.perf_counter() - t0, res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], bytes_up=s["bytes_up"],
-                bytes_down=s["bytes_down"], params_k=counted.get("params", np.nan) / 1e3, time_s=wall,
+                bytes_down=s["bytes_down"], params_k=counted.get("params", np.nan) / 1e3,
                 comm_k=(s["bytes_up"] + s["bytes_down"]) / 4 / exp.clients / rounds / 1e3, wall_time_s=wall, quick=quick,
                 commit=res.commit)
 
@@ -245,7 +245,7 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metri
 
 def efficiency_table(results: pd.DataFrame) -> pd.DataFrame:
     "Table VII as we measured it: accuracy (%), parameters (k), time (s), communication (k floats per client and round)."
-    t = results[results.table == "7"].assign(accuracy=lambda d: 100 * d.accuracy)
+    t = results[results.table == "7"].assign(accuracy=lambda d: 100 * d.accuracy, time_s=lambda d: d.wall_time_s)
     return t.groupby(["dataset", "method"], sort=False)[["accuracy", "params_k", "time_s", "comm_k"]].mean().round(2)
 
 def coverage(results: pd.DataFrame) -> pd.DataFrame:
@@ -274,7 +274,7 @@ def upload_ratio(results: pd.DataFrame, table: str = "5", method: str = "FedPG",
     up = t.assign(up=t.bytes_up / 4 / t.clients / t.rounds).groupby(["dataset", "method"]).up.mean().unstack("method")
     rows = []
     for d, r in up.dropna().iterrows():
-        ds, s = load_dataset(d), {**json.loads(t[(t.dataset == d) & (t.method == method)].settings.iloc[0])}
+        ds, s = load_dataset(d), json.loads(t[(t.dataset == d) & (t.method == method)].settings.iloc[0])
         depth = model_depth(build_model(s.get("model", "gcn"), ds.num_features, ds.num_classes))
         rows.append(dict(dataset=d, **{f"{method} floats up": r[method], f"{base} floats up": r[base]},
                          formula=ds.num_classes * (depth + 1) * s.get("hidden", 64), ratio=r[base] / r[method]))

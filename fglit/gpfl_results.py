@@ -533,8 +533,6 @@ def cap_table(runs: pd.DataFrame, cap_runs: pd.DataFrame, caps=(0.95, 0.8)) -> p
             hit = paper[(paper.dataset == d) & (paper.clients == k) & (paper.note == f"k={k} alpha={a:g}") & (paper.method == m)]
             row["paper"] = hit["mean"].iloc[0] if len(hit) else np.nan
             rows.append(row)
-        for c in caps:
-            rows.append(dict(dataset=d, clients=k, alpha=a, method="Majority class (reference)", seeds=len(seeds),
-                             **{f"cap {c:g}": majority_baseline(d, k, a, tuple(seeds), cap=c) for c in caps}))
-            break
+        rows.append(dict(dataset=d, clients=k, alpha=a, method="Majority class (reference)", seeds=len(seeds),
+                         **{f"cap {c:g}": majority_baseline(d, k, a, tuple(seeds), cap=c) for c in caps}))
     return pd.DataFrame(rows)
