@@ -163,6 +163,7 @@ REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, d
     "fedgls": ("fglit.fedgls_results", "fedgls_experiments", "results/fedgls/runs.csv"),
     "gpfl": ("fglit.gpfl_results", "gpfl_experiments", "results/gpfl/runs.csv"),
     "fedpg": ("fglit.fedpg_results", "fedpg_experiments", "results/fedpg/runs.csv"),
+    "fedpg-figures": ("fglit.fedpg_analysis", "figure_experiments", "results/fedpg/figures.csv"),
 }
 
 def _grid_setting(text: str) -> tuple[int, float]:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 
@@ -159,3 +160,19 @@ def test_reproduce_fedpg_quick_row_beside_the_paper(shared_root, tmp_path):
     assert rows[0]["paper"] == 86.5 and 0 < rows[0]["ours"] <= 100
     bad = fglit("reproduce", "fedpg", "--tables", "11", "--quick", "--out", str(tmp_path / "x.csv"))
     assert bad.returncode == 2 and "unknown table" in bad.stderr
+
+
+def test_reproduce_fedpg_figures_quick(shared_root, tmp_path):
+    "`fglit reproduce fedpg-figures`: Fig. 1's four convergence runs (quick) give one row each with a curve; bad input is refused."
+    out = tmp_path / "figs.csv"
+    res = fglit("reproduce", "fedpg-figures", "--tables", "fig1", "--seeds", "0", "--quick", "--quiet", "--json", "--out", str(out),
+                env={"FGLIT_DATA": str(shared_root)})
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert sorted(r["method"] for r in rows) == ["FedAvg", "FedPG", "FedProto", "FedTGP"]
+    assert all(r["table"] == "fig1" and 0 < r["accuracy"] <= 100 and r["seeds"] == 1 for r in rows)
+    saved = pd.read_csv(out)
+    assert len(saved) == 4 and all(len(json.loads(c)) == 2 for c in saved.curve)
+    bad = fglit("reproduce", "fedpg-figures", "--tables", "fig2", "--quick", "--out", str(tmp_path / "x.csv"))
+    assert bad.returncode == 2 and "unknown figure" in bad.stderr
+    assert fglit("reproduce", "fedpg-figures", "--methods", "FedPG", "--quick", "--out", str(tmp_path / "y.csv")).returncode == 2

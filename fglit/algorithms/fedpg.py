@@ -20,10 +20,10 @@ from ..federation import (SPLITS, Client, ClientInfo, ConfigError, FedConfig, Lo
 from ..models import SparseOperand, knn_graph, spmm
 
 # %% auto #0
-__all__ = ['HOP_MODES', 'FEDPG', 'FedPGConfig', 'model_depth', 'hop_pairs', 'class_operand', 'topology_prototypes',
-           'NeighbourAttention', 'alignment_loss', 'annotate', 'FedPGClient', 'cosine_margin', 'query_set',
-           'gpg_contrastive_loss', 'match_prototype_norms', 'client_similarity', 'personalised_prototypes',
-           'FedPGServer']
+__all__ = ['HOP_MODES', 'FEDPG', 'FedPGConfig', 'model_depth', 'hop_pairs', 'class_operand', 'centre_contexts',
+           'topology_prototypes', 'NeighbourAttention', 'alignment_loss', 'node_alignment_loss', 'annotate',
+           'FedPGClient', 'cosine_margin', 'query_set', 'gpg_contrastive_loss', 'match_prototype_norms',
+           'client_similarity', 'personalised_prototypes', 'FedPGServer']
 
 # %% ../../nbs/50_fedpg.ipynb #efcffba9
 HOP_MODES = ("within", "exact")
@@ -58,11 +58,14 @@ class FedPGConfig(FedConfig):
     graph_knn: int = 5                # graph-FL: neighbours of each graph in the generalised neighbourhood
     align: str = "cosine"             # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
     align_eval_mode: bool = True      # L_proto on prototypes of a dropout-free forward (as uploaded); False: the training forward's
+    align_level: str = "prototype"    # L_proto between prototypes (Eq. 6) or between each centre's context and its class's prototype (node)
 
     def validate(self) -> None:
         super().validate()
         if self.align not in ("euclidean", "cosine"):
             raise ConfigError(f"align must be euclidean or cosine; got {self.align!r}")
+        if self.align_level not in ("prototype", "node"):
+            raise ConfigError(f"align_level must be prototype or node; got {self.align_level!r}")
         if self.hop_mode not in HOP_MODES:
             raise ConfigError(f"hop_mode must be one of {', '.join(HOP_MODES)}; got {self.hop_mode!r}")
         if self.hops < -1: raise ConfigError(f"hops must be -1 (the smallest model depth) or >= 0, got {self.hops}")
@@ -118,19 +121,27 @@ def class_operand(pairs: Tensor, labels: Tensor, num_nodes: int) -> SparseOperan
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
         return SparseOperand(m.to_sparse_csr())
 
+def centre_contexts(emb: Tensor, labels: Tensor, operands: list[SparseOperand],
+                    scores: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
+    "Per hop, the attention-weighted context $\\sum_j w_{ij} f(x_j)$ of every annotated centre $v_i$ with a non-empty class neighbourhood: `(contexts [m, p], centre indices [m])`."
+    w = torch.ones(emb.size(0), device=emb.device, dtype=emb.dtype) if scores is None else torch.exp(scores - scores.max().detach())
+    weighted, centre = w.unsqueeze(1) * emb, labels >= 0
+    out = []
+    for op in operands:
+        num, den = spmm(op, weighted), spmm(op, w.unsqueeze(1)).squeeze(1)
+        idx = (centre & (den > 0)).nonzero().squeeze(1)
+        out.append((num[idx] / den[idx].unsqueeze(1), idx))
+    return out
+
 def topology_prototypes(emb: Tensor, labels: Tensor, operands: list[SparseOperand], num_classes: int,
                         scores: Tensor | None = None) -> tuple[Tensor, Tensor]:
     "Eq. 2: prototypes `[C, H, p]` and counts `[C, H]` (int64, centres per class and hop) from node embeddings, annotations (-1: none) and per-hop class operands; `scores=None`: uniform attention."
     if emb.size(0) == 0:
         H = len(operands)
         return emb.new_zeros(num_classes, H, emb.size(1)), torch.zeros(num_classes, H, dtype=torch.long, device=emb.device)
-    w = torch.ones(emb.size(0), device=emb.device, dtype=emb.dtype) if scores is None else torch.exp(scores - scores.max().detach())
-    weighted, centre = w.unsqueeze(1) * emb, labels >= 0
     protos, counts = [], []
-    for op in operands:
-        num, den = spmm(op, weighted), spmm(op, w.unsqueeze(1)).squeeze(1)
-        ok = centre & (den > 0)
-        sums, n = class_sums(num[ok] / den[ok].unsqueeze(1), labels[ok], num_classes)
+    for ctx, idx in centre_contexts(emb, labels, operands, scores):
+        sums, n = class_sums(ctx, labels[idx], num_classes)
         protos.append(sums / n.clamp_min(1).unsqueeze(1)); counts.append(n.long())
     return torch.stack(protos, 1), torch.stack(counts, 1)
 
@@ -152,6 +163,22 @@ def alignment_loss(protos: Tensor, mask: Tensor, targets: Tensor, target_mask: T
     if kind == "cosine":
         return (1 - F.cosine_similarity(protos[both], targets[both], dim=-1)).sum()
     return (protos[both] - targets[both]).norm(dim=-1).sum()
+
+def node_alignment_loss(contexts: list[tuple[Tensor, Tensor]], labels: Tensor, targets: Tensor, target_mask: Tensor,
+                        kind: str = "cosine") -> Tensor | None:
+    "Node-level L_proto: $\\sum_{c,h}$ mean over the class-c centres of $d(z_{i,h}, \\dot P_{c,h})$ (`kind`: 1 - cos, or the mean squared error), over the (c, h) the server sent (None if no centre has one)."
+    C, total = targets.size(0), None
+    for h, (ctx, idx) in enumerate(contexts):
+        c = labels[idx]
+        keep = target_mask[c, h]
+        if not bool(keep.any()): continue
+        z, c = ctx[keep], c[keep]
+        t = targets[c, h]
+        d = 1 - F.cosine_similarity(z, t, dim=-1) if kind == "cosine" else (z - t).pow(2).mean(-1)
+        sums, n = class_sums(d.unsqueeze(1), c, C)
+        term = (sums.squeeze(1) / n.clamp_min(1)).sum()
+        total = term if total is None else total + term
+    return total
 
 def annotate(logits: Tensor, y: Tensor, labelled: Tensor, pseudo: bool = True, threshold: float = 0.0) -> Tensor:
     "Training labels where `labelled`; elsewhere the argmax of the soft labels (if `pseudo` and confident enough), else -1."
@@ -204,26 +231,36 @@ class FedPGClient(Client):
         if b.select is not None: emb = emb[b.select]
         return emb, model.head(emb)
 
-    def training_prototypes(self, b, emb: Tensor) -> tuple[Tensor, Tensor]:
-        "Eq. 2 with gradients: on the client graph (node task) or on the batch's generalised neighbourhood (graph task)."
+    def alignment_inputs(self, b, emb: Tensor) -> tuple[Tensor, Tensor, list[SparseOperand]]:
+        "(embeddings with gradients, annotations, hop operands) for L_proto: the client graph (node task) or the batch's generalised neighbourhood (graph task)."
         if self.data.task == "node":
             e = self._all_emb
-            if self.config.align_eval_mode:          # the same (dropout-free) prototypes as the upload, with gradients
+            if self.config.align_eval_mode:          # the same (dropout-free) embeddings as the upload, with gradients
                 g = self.data.graph
                 self.model.eval(); e = self.model.encode(g.x, g.edge_index); self.model.train()
-            return topology_prototypes(e, self._labels, self._operands, self.spec.num_classes, self.attention(e))
+            return e, self._labels, self._operands
         with torch.no_grad():
             pairs = hop_pairs(knn_graph(emb, self.config.graph_knn), emb.size(0), self.hops, self.config.hop_mode)
         ops = self.operands(b.y, pairs, emb.size(0))
         if self.config.align_eval_mode:
             self.model.eval(); emb = self.model.encode(b.x, b.edge_index, b.batch); self.model.train()
-        return topology_prototypes(emb, b.y, ops, self.spec.num_classes, self.attention(emb))
+        return emb, b.y, ops
+
+    def training_prototypes(self, b, emb: Tensor) -> tuple[Tensor, Tensor]:
+        "Eq. 2 with gradients (prototypes `[C, H, p]`, counts `[C, H]`)."
+        e, labels, ops = self.alignment_inputs(b, emb)
+        return topology_prototypes(e, labels, ops, self.spec.num_classes, self.attention(e))
 
     def extra_loss(self, b, emb: Tensor, logits: Tensor) -> Tensor | None:
         if self.global_mask is None or self.config.mu == 0:
             return None
-        protos, counts = self.training_prototypes(b, emb)
-        loss = alignment_loss(protos, counts > 0, self.global_protos, self.global_mask, self.config.align)
+        if self.config.align_level == "node":
+            e, labels, ops = self.alignment_inputs(b, emb)
+            loss = node_alignment_loss(centre_contexts(e, labels, ops, self.attention(e)), labels, self.global_protos,
+                                       self.global_mask, self.config.align)
+        else:
+            protos, counts = self.training_prototypes(b, emb)
+            loss = alignment_loss(protos, counts > 0, self.global_protos, self.global_mask, self.config.align)
         return None if loss is None else self.config.mu * loss
 
     # -- upload -----------------------------------------------------------------------------------------
