@@ -425,20 +425,41 @@ class Client:
         g = self.data.graph
         return model(g.x, g.edge_index)
 
+    def to_probabilities(self, model: nn.Module, scores: Tensor) -> Tensor:
+        "Class probabilities from the class scores `outputs` gives under `model`: their softmax (override where `node_logits` already returns probabilities)."
+        return torch.softmax(scores.float(), -1)
+
     @torch.no_grad()
-    def predict(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
-        "(labels, predictions) of `model` on each split of the client's data."
+    def outputs(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
+        "(labels, class scores `[n, C]`) of `model` on each split, from one forward pass (`node_logits` for node tasks)."
         model.eval()
         if self.data.task == "node":
             g = self.data.graph
-            pred = self.node_logits(model).argmax(-1)
-            return {s: (g.y[self.data.masks[s]], pred[self.data.masks[s]]) for s in splits}
+            logits = self.node_logits(model)
+            return {s: (g.y[self.data.masks[s]], logits[self.data.masks[s]]) for s in splits}
         out = {}
         for s in splits:
             batches = self.data.eval_batches(s)
-            ys = [b.y for b in batches]; ps = [model(b.x, b.edge_index, b.batch).argmax(-1) for b in batches]
-            out[s] = (torch.cat(ys) if ys else torch.empty(0, dtype=torch.long), torch.cat(ps) if ps else torch.empty(0, dtype=torch.long))
+            ys = [b.y for b in batches]; zs = [model(b.x, b.edge_index, b.batch) for b in batches]
+            out[s] = (torch.cat(ys) if ys else torch.empty(0, dtype=torch.long),
+                      torch.cat(zs) if zs else torch.empty(0, self.spec.num_classes))
         return out
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
+        "(labels, predictions) of `model` on each split of the client's data: the argmax of `outputs`."
+        return {s: (y, z.argmax(-1)) for s, (y, z) in self.outputs(model, splits).items()}
+
+    @torch.no_grad()
+    def predict_proba(self, model: nn.Module, splits=("val", "test")) -> dict[str, tuple[Tensor, Tensor]]:
+        "(labels, class probabilities `[n, C]`) of `model` on each split: `to_probabilities` of `outputs`."
+        return {s: (y, self.to_probabilities(model, z)) for s, (y, z) in self.outputs(model, splits).items()}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, num_classes: int, splits=("val", "test")) -> dict[str, dict]:
+        "`classification_scores` (with `auc`) of `model` on each split, from one forward pass: what the simulator records."
+        return {s: classification_scores(y, z.argmax(-1), num_classes, scores=self.to_probabilities(model, z))
+                for s, (y, z) in self.outputs(model, splits).items()}
 
 @dataclass
 class ClientInfo:
@@ -482,11 +503,14 @@ class NodeUnion:
         self.num_clients = len(graphs)
 
     @torch.no_grad()
-    def score(self, model: nn.Module, num_classes: int, splits=("val", "test")) -> dict[str, list[dict]]:
-        "Per-client scores of `model` on each split: `{split: [scores of client 0, client 1, ...]}`."
+    def score(self, model: nn.Module, num_classes: int, splits=("val", "test"), auc: bool = False) -> dict[str, list[dict]]:
+        "Per-client scores of `model` on each split: `{split: [scores of client 0, client 1, ...]}`; `auc`: also ROC AUC of the softmax probabilities."
         model.eval()
-        pred = model(self.x, self.edge_index).argmax(-1)
-        return {s: grouped_scores(self.client[self.masks[s]], self.y[self.masks[s]], pred[self.masks[s]], self.num_clients, num_classes)
+        logits = model(self.x, self.edge_index)
+        pred = logits.argmax(-1)
+        probs = torch.softmax(logits.float(), -1) if auc else None
+        return {s: grouped_scores(self.client[self.masks[s]], self.y[self.masks[s]], pred[self.masks[s]], self.num_clients, num_classes,
+                                  scores=None if probs is None else probs[self.masks[s]])
                 for s in splits}
 
 # %% ../nbs/03_federation.ipynb #af99bd75
@@ -553,7 +577,7 @@ def _progress_enabled(progress: bool | None) -> bool:
 class SeedRun:
     "One seed of one run: per-round, per-client scores and every message's size."
     seed: int
-    history: pd.DataFrame          # round, client, split, n, accuracy, f1_macro, f1_macro_present
+    history: pd.DataFrame          # round, client, split, n, accuracy, f1_macro, f1_macro_present, auc
     communication: pd.DataFrame    # round, client, direction, bytes, floats
     wall_time_s: float
     weighting: str
@@ -561,10 +585,11 @@ class SeedRun:
     privacy: dict = field(default_factory=dict)   # secure aggregation and DP report (`fglit.secagg.Uplink.report`), when used
 
     def per_round(self) -> pd.DataFrame:
-        "Client-averaged scores per round: `val_accuracy`, `test_accuracy`, `test_f1_macro`, ..."
+        "Client-averaged scores per round: `val_accuracy`, `test_accuracy`, `test_f1_macro`, ..., `test_auc` (over the clients where AUC is defined)."
         rows = []
+        metrics = ("accuracy", "f1_macro", "f1_macro_present") + (("auc",) if "auc" in self.history.columns else ())
         for (rnd, split), g in self.history.groupby(["round", "split"], sort=True):
-            for metric in ("accuracy", "f1_macro", "f1_macro_present"):
+            for metric in metrics:
                 rows.append((rnd, f"{split}_{metric}", client_average(g[metric], g["n"], self.weighting)))
         return pd.DataFrame(rows, columns=["round", "metric", "value"]).pivot(index="round", columns="metric", values="value").reset_index().rename_axis(columns=None)
 
@@ -573,10 +598,11 @@ class SeedRun:
         return select_round(self.per_round(), self.selection)
 
     def scores(self) -> dict:
-        "Test scores at the selected round."
+        "Test scores at the selected round (`auc`: NaN when no client's test split has two classes, or the history has no AUC)."
         row = self.per_round().set_index("round").loc[self.selected_round]
         return dict(round=self.selected_round, accuracy=row["test_accuracy"], f1_macro=row["test_f1_macro"],
-                    f1_macro_present=row["test_f1_macro_present"], val_accuracy=row["val_accuracy"])
+                    f1_macro_present=row["test_f1_macro_present"], auc=row.get("test_auc", float("nan")),
+                    val_accuracy=row["val_accuracy"])
 
     def per_client(self) -> pd.DataFrame:
         "Each client's test scores at the selected round."
@@ -634,13 +660,13 @@ def _simulate(algorithm, clients_data, task, num_features, num_classes, config, 
                 if union is None:
                     union, union_model = NodeUnion(data), spec.build()
                 load_flat_state(union_model, shared["params"])
-                for split, per_client in union.score(union_model, num_classes).items():
+                for split, per_client in union.score(union_model, num_classes, auc=True).items():
                     scored.extend((cid, split, s) for cid, s in enumerate(per_client))
             else:
                 for client in clients:
                     message = server.evaluation_message(client.cid) if config.evaluation == "global" else None
-                    for split, (y, pred) in client.predict(client.evaluation_model(message)).items():
-                        scored.append((client.cid, split, classification_scores(y, pred, num_classes)))
+                    for split, s in client.evaluate(client.evaluation_model(message), num_classes).items():
+                        scored.append((client.cid, split, s))
             history.extend(dict(round=rnd, client=cid, split=split, **s) for cid, split, s in scored)
             bar.set_postfix({split: f"{_round_accuracy(scored, split, config.weighting):.4f}" for split in ("val", "test")})
     bar.close()
@@ -692,13 +718,14 @@ class RunResult:
         "The run in one JSON-ready dict (fractions in [0, 1]; bytes summed over seeds' runs divided by seeds)."
         s, comm = self.scores(), self.communication()
         n = len(self.runs)
-        acc, f1, f1p = mean_std(s["accuracy"]), mean_std(s["f1_macro"]), mean_std(s["f1_macro_present"])
-        per_client = self.per_client().groupby("client").agg(n=("n", "first"), accuracy=("accuracy", "mean"),
-                                                             f1_macro=("f1_macro", "mean")).reset_index()
+        acc, f1, f1p, auc = mean_std(s["accuracy"]), mean_std(s["f1_macro"]), mean_std(s["f1_macro_present"]), mean_std(s["auc"])
+        pc = self.per_client()
+        per_client = pc.groupby("client").agg(n=("n", "first"), accuracy=("accuracy", "mean"), f1_macro=("f1_macro", "mean"),
+                                              **({"auc": ("auc", "mean")} if "auc" in pc.columns else {})).reset_index()
         return dict(algorithm=self.algorithm, dataset=self.dataset, partition=self.partition, clients=self.clients,
                     rounds=self.config["rounds"], local_epochs=self.config["local_epochs"], model=self.config["model"],
                     seeds=self.seeds, accuracy_mean=acc[0], accuracy_std=acc[1], f1_macro_mean=f1[0], f1_macro_std=f1[1],
-                    f1_macro_present_mean=f1p[0], f1_macro_present_std=f1p[1],
+                    f1_macro_present_mean=f1p[0], f1_macro_present_std=f1p[1], auc_mean=auc[0], auc_std=auc[1],
                     selected_rounds=s["round"].tolist(),
                     communication_rounds=int(comm.loc[(comm.direction == "up") & (comm.bytes > 0), "round"].nunique()) if len(comm) else 0,
                     bytes_up=int(comm.loc[comm.direction == "up", "bytes"].sum()) // n,
@@ -715,6 +742,7 @@ class RunResult:
         s = self.summary()
         return (f"RunResult({self.algorithm} on {self.dataset}, {self.partition} x{self.clients}, seeds {self.seeds}: "
                 f"accuracy {s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}, F1-macro {s['f1_macro_mean']:.4f} ± {s['f1_macro_std']:.4f}, "
+                f"AUC {s['auc_mean']:.4f} ± {s['auc_std']:.4f}, "
                 f"{s['bytes_up'] + s['bytes_down']:,} bytes/run, {s['wall_time_s']:.1f}s/seed)")
 
 # %% ../nbs/03_federation.ipynb #989da5ea

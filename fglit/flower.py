@@ -34,7 +34,6 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from .core import cpu_threads, reseed_torch, seed_everything
 from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
                          get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
-from .metrics import classification_scores
 
 # %% ../nbs/07_flower.ipynb #6fc824e5
 META = "fglit.meta"
@@ -203,11 +202,11 @@ def _run_of(message: Message) -> FlowerRun:
 
 # %% ../nbs/07_flower.ipynb #2a41e26c
 def _scores(client, evaluation: dict | None) -> RecordDict:
-    "This client's `classification_scores` on val and test under `evaluation` (None: its own model)."
+    "This client's `classification_scores` (with `auc`, as `Client.evaluate` gives them) on val and test under `evaluation` (None: its own model)."
     out = RecordDict()
     with torch.no_grad():
-        for split, (y, pred) in client.predict(client.evaluation_model(evaluation)).items():
-            out[f"fglit.scores.{split}"] = MetricRecord(classification_scores(y, pred, client.spec.num_classes))
+        for split, s in client.evaluate(client.evaluation_model(evaluation), client.spec.num_classes).items():
+            out[f"fglit.scores.{split}"] = MetricRecord(s)
     return out
 
 def _setup(message: Message, context: Context) -> Message:
@@ -430,7 +429,7 @@ def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
         for split in ("val", "test"):
             s = dict(content[f"fglit.scores.{split}"].items())
             history.append(dict(round=rnd, client=cid, split=split, n=int(s["n"]), accuracy=s["accuracy"],
-                                f1_macro=s["f1_macro"], f1_macro_present=s["f1_macro_present"]))
+                                f1_macro=s["f1_macro"], f1_macro_present=s["f1_macro_present"], auc=s.get("auc", float("nan"))))
 
     def eval_part(cid: int) -> tuple[RecordDict, dict]:
         msg = pending[cid] if pending is not None else None

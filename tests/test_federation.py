@@ -274,3 +274,83 @@ def test_cross_validation_fold_is_the_test_set(shared_root):
         run("fedavg", "NCI1", "soft_dirichlet", 4, rounds=1, settings=dict(fold=1, selection="last"), progress=False)
     with pytest.raises(ConfigError, match="no validation set"):
         run("fedavg", "NCI1", "soft_dirichlet", 4, rounds=1, settings=dict(folds=5, fold=1), progress=False)
+
+
+# -- ROC AUC in the evaluation ------------------------------------------------------------------------------
+
+def _old_predict(client, model, splits=("val", "test")):
+    "`Client.predict` as it was before `outputs`: argmax per batch (graph tasks) or of `node_logits` (node tasks)."
+    model.eval()
+    with torch.no_grad():
+        if client.data.task == "node":
+            pred = client.node_logits(model).argmax(-1)
+            return {s: (client.data.graph.y[client.data.masks[s]], pred[client.data.masks[s]]) for s in splits}
+        out = {}
+        for s in splits:
+            bs = client.data.eval_batches(s)
+            out[s] = (torch.cat([b.y for b in bs]) if bs else torch.empty(0, dtype=torch.long),
+                      torch.cat([model(b.x, b.edge_index, b.batch).argmax(-1) for b in bs]) if bs else torch.empty(0, dtype=torch.long))
+        return out
+
+
+def test_predict_unchanged_and_predict_proba_gives_probabilities(cora, shared_root):
+    "`predict` gives what it always gave; `predict_proba` rows are softmax probabilities; `evaluate` = `classification_scores` of both."
+    from fglit.federation import Client, LocalData, ModelSpec
+    from fglit.metrics import classification_scores
+    from fglit.partition import partition
+    nci1 = load_dataset("NCI1", shared_root)
+    cases = [(cora, partition(cora, "louvain", 3, seed=0).clients[1], "node", -1, "gcn"),
+             (nci1, partition(nci1, "soft_dirichlet", 4, seed=0).clients[2], "graph", -1, "gin"),
+             (nci1, partition(nci1, "soft_dirichlet", 4, seed=0, folds=5).clients[0], "graph", 1, "gin")]   # fold: empty val split
+    for ds, part, task, fold, name in cases:
+        seed_everything(0)
+        spec = ModelSpec(name, ds.num_features, ds.num_classes, task, 32, 2, 0.5)
+        client = Client(0, LocalData(part, task, fold=fold), FedConfig(), spec)
+        model = client.model
+        old, pred, proba, ev = (_old_predict(client, model), client.predict(model), client.predict_proba(model),
+                                client.evaluate(model, ds.num_classes))
+        assert set(pred) == set(proba) == set(ev) == {"val", "test"}
+        for s in ("val", "test"):
+            (y0, p0), (y1, p1), (y2, pr) = old[s], pred[s], proba[s]
+            assert torch.equal(y0, y1) and torch.equal(y1, y2) and torch.equal(p0, p1) and p1.dtype == torch.long
+            assert pr.shape == (len(y1), ds.num_classes) and torch.allclose(pr.sum(1), torch.ones(len(y1)), atol=1e-5)
+            assert torch.equal(pr.argmax(1), p1)
+            ref = classification_scores(y1, p1, ds.num_classes, scores=pr)
+            assert ev[s] == pytest.approx(ref, nan_ok=True) and "auc" in ev[s]
+        if fold >= 0:
+            assert len(pred["val"][0]) == 0 and proba["val"][1].shape == (0, ds.num_classes) and np.isnan(ev["val"]["auc"])
+
+
+def test_union_auc_equals_per_client_auc(cora):
+    "The one-pass union scoring with `auc=True` gives each client's own `Client.evaluate` scores, AUC included."
+    from fglit.federation import Client, LocalData, ModelSpec, NodeUnion
+    from fglit.partition import partition
+    data = [LocalData(c, "node") for c in partition(cora, "louvain", 5, seed=0).clients]
+    spec = ModelSpec("gcn", cora.num_features, cora.num_classes, "node", 64, 2, 0.5)
+    seed_everything(0)
+    model = spec.build()
+    union, plain = NodeUnion(data).score(model, cora.num_classes, auc=True), NodeUnion(data).score(model, cora.num_classes)
+    for cid, d in enumerate(data):
+        ev = Client(cid, d, FedConfig(), spec).evaluate(model, cora.num_classes)
+        for split in ("val", "test"):
+            assert union[split][cid] == pytest.approx(ev[split], nan_ok=True)
+            assert "auc" not in plain[split][cid] and plain[split][cid] == {k: v for k, v in union[split][cid].items() if k != "auc"}
+
+
+def test_runs_record_auc_beside_accuracy(cora, shared_root):
+    "Node (union path) and graph runs: `auc` in the history, `test_auc` per round, `auc` at the selected round, `auc_mean`/`auc_std`."
+    from fglit.metrics import client_average, mean_std
+    node = run("fedavg", cora, "louvain", 3, rounds=2, local_epochs=1, seeds=[0], progress=False)
+    graph = run("fedavg", load_dataset("PROTEINS", shared_root), "dirichlet", 4, rounds=2, local_epochs=1, seeds=[0, 1], progress=False)
+    local = run("standalone", cora, "louvain", 3, rounds=2, local_epochs=1, seeds=[0], progress=False)   # per-client path
+    for r in (node, graph, local):
+        h, s = r.runs[0].history, r.summary()
+        assert "auc" in h.columns and h.auc.dropna().between(0, 1).all() and h.auc.notna().any()
+        assert {"val_auc", "test_auc"} <= set(r.per_round().columns)
+        sc = r.scores()
+        assert (s["auc_mean"], s["auc_std"]) == pytest.approx(mean_std(sc.auc))
+        for seed_run, (_, row) in zip(r.runs, sc.iterrows()):
+            pc = seed_run.per_client()
+            assert row.auc == pytest.approx(client_average(pc.auc, pc.n, seed_run.weighting))
+        assert {"auc"} <= set(s["per_client"][0]) and "accuracy_mean" in s and "f1_macro_present_std" in s
+    assert node.summary()["auc_mean"] > 0.5                   # Cora after two rounds: better than chance ranking

@@ -72,6 +72,8 @@ def test_fake_grid_without_faults_matches_in_process(shared_root):
     key = ["round", "client", "split"]
     a, b = (r.runs[0].history.sort_values(key).reset_index(drop=True) for r in (result, local))
     assert a[key].equals(b[key]) and (a.accuracy - b.accuracy).abs().max() == 0
+    assert a.auc.notna().any() and ((a.auc - b.auc).abs().max() < 1e-6)           # AUC too (NaN where a client's split has one class)
+    assert a.auc.isna().equals(b.auc.isna()) and result.summary()["auc_mean"] == pytest.approx(local.summary()["auc_mean"])
     assert result.dropped.empty and result.summary()["dropped"] == []
 
 

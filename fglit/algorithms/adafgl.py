@@ -326,6 +326,10 @@ class AdaFGLClient(FedAvgClient):
             return model.probabilities(model())
         return super().node_logits(model)
 
+    def to_probabilities(self, model: nn.Module, scores: Tensor) -> Tensor:
+        "The personalised model's scores are already probabilities (rows sum to 1): AUC ranks them as they are, not their softmax."
+        return scores.float() if isinstance(model, AdaFGLPersonal) else super().to_probabilities(model, scores)
+
 class AdaFGLServer(FedAvgServer):
     "FedAvg server for rounds 1..F; sends the final global model once to every client in step 2, then nothing."
     def __init__(self, config, clients, spec):
