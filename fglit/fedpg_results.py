@@ -228,7 +228,8 @@ def run_fedpg_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
     res = run(exp.algorithm, exp.dataset, exp.partition, exp.clients, rounds=rounds, local_epochs=epochs, seeds=[seed],
               settings=settings, progress=False, callback=count)
     wall, s = time.perf_counter() - t0, res.summary()
-    return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], bytes_up=s["bytes_up"],
+    return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], auc=s.get("auc_mean", np.nan),
+                bytes_up=s["bytes_up"],
                 bytes_down=s["bytes_down"], params_k=counted.get("params", np.nan) / 1e3,
                 comm_k=(s["bytes_up"] + s["bytes_down"]) / 4 / exp.clients / rounds / 1e3, wall_time_s=wall, quick=quick,
                 commit=res.commit)
