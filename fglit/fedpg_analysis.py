@@ -170,9 +170,9 @@ def plot_curves(results: pd.DataFrame, table: str, ax=None, title: str = ""):
 def sweep(results: pd.DataFrame, table: str) -> pd.DataFrame:
     "A sweep figure's points: method, the swept settings parsed from `note`, accuracy (%) averaged over seeds."
     r = results[results.table == table]
-    params = pd.DataFrame([dict(kv.split("=") for kv in n.split()) for n in r.note], index=r.index).apply(pd.to_numeric, errors="ignore")
+    params = pd.DataFrame([dict(kv.split("=") for kv in n.split()) for n in r.note], index=r.index).astype(float)
     out = pd.concat([r[["method", "seed"]], params, (100 * r.accuracy).rename("accuracy")], axis=1)
-    return out.groupby(["method", *params.columns], sort=False).accuracy.mean().reset_index()
+    return out.groupby(["method", *params.columns], sort=False, dropna=False).accuracy.mean().reset_index()
 
 # %% ../nbs/52_fedpg_analysis.ipynb #1bb5b5f9
 def sparsity_table(results: pd.DataFrame) -> pd.DataFrame:
