@@ -17,7 +17,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'run_grid', 'compare_with_paper', 'format_side_by_side']
+__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -50,6 +50,19 @@ def _guarded(run_one: Callable, exp: Experiment, seed: int, quick: bool) -> dict
     except Exception as err:                      # one broken setting must not stop the grid
         return dict(**asdict(exp), seed=seed, error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
 
+def append_row(out: Path, row: dict) -> None:
+    "Append one result row to the CSV `out`; when its columns differ from the file's (a grid that gained or lost a column), rewrite the file with the union so no value lands under another column's header."
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = pd.DataFrame([row])
+    if out.exists() and out.stat().st_size > 0:
+        header = pd.read_csv(out, nrows=0).columns.tolist()
+        if header != new.columns.tolist():
+            pd.concat([pd.read_csv(out, dtype=str, keep_default_na=False), new], ignore_index=True).to_csv(out, index=False)
+            return
+        new.to_csv(out, mode="a", header=False, index=False)
+    else:
+        new.to_csv(out, index=False)
+
 def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), out: str | Path | None = None, jobs: int = 1,
              quick: bool = False, progress: bool | None = None) -> pd.DataFrame:
     "Run each experiment once per seed with `run_one` (skipping rows already in `out`), `jobs` processes at a time; returns the rows of these experiments and seeds (earlier and new)."
@@ -70,8 +83,7 @@ def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), 
             return
         rows.append(row)
         if out:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists() or out.stat().st_size == 0, index=False)
+            append_row(out, row)
     bar = tqdm(total=len(todo), desc="reproduce", disable=not (progress if progress is not None else True))
     if jobs <= 1:
         for e, s in todo:
