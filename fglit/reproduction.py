@@ -56,10 +56,10 @@ def append_row(out: Path, row: dict) -> None:
     new = pd.DataFrame([row])
     if out.exists() and out.stat().st_size > 0:
         header = pd.read_csv(out, nrows=0).columns.tolist()
-        if header != new.columns.tolist():
+        if not set(new.columns) <= set(header):     # a new column: rewrite once with the union of columns
             pd.concat([pd.read_csv(out, dtype=str, keep_default_na=False), new], ignore_index=True).to_csv(out, index=False)
             return
-        new.to_csv(out, mode="a", header=False, index=False)
+        new.reindex(columns=header).to_csv(out, mode="a", header=False, index=False)   # missing columns stay empty
     else:
         new.to_csv(out, index=False)
 
