@@ -119,7 +119,8 @@ def print_result(result, as_json: bool = False) -> int:
     print(f"{result.algorithm} on {result.dataset}: {result.partition} partition, {result.clients} clients, "
           f"{summary['rounds']} rounds x {summary['local_epochs']} local epochs, model {summary['model']}, device {get_device()}")
     _print_table(scores.round(4), False)
-    print(f"\naccuracy {format_mean_std(scores.accuracy)}   F1-macro {format_mean_std(scores.f1_macro)}   "
+    auc = f"AUC {format_mean_std(scores.auc)}   " if scores.auc.notna().any() else ""    # NaN: no test split with two classes
+    print(f"\naccuracy {format_mean_std(scores.accuracy)}   F1-macro {format_mean_std(scores.f1_macro)}   {auc}"
           f"(F1 over present classes {format_mean_std(scores.f1_macro_present)}; percent, mean ± std over {len(scores)} seed(s))")
     per_client = pd.DataFrame(summary["per_client"]).rename(columns={"n": "test_items"})
     print("\nper client (test, mean over seeds):")

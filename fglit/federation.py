@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 import pandas as pd
@@ -35,7 +35,7 @@ from .models import MODELS, build_model, knn_graph
 __all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'encode_message', 'decode_message',
            'message_nbytes', 'message_floats', 'ConfigError', 'FedConfig', 'make_config', 'Batch', 'PackedGraphs',
            'LocalData', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'mlp_spec',
-           'client_spec', 'make_optimizer', 'Client', 'ClientInfo', 'Server', 'NodeUnion', 'Algorithm',
+           'client_spec', 'make_optimizer', 'Client', 'check_setup', 'ClientInfo', 'Server', 'NodeUnion', 'Algorithm',
            'register_algorithm', 'get_algorithm', 'round_seed', 'SeedRun', 'simulate', 'git_commit', 'RunResult',
            'resolve_run_config', 'run']
 
@@ -133,6 +133,10 @@ class FedConfig:
     dp_clip: float = 1.0                 # L2 clip norm of a client's contribution
     dp_delta: float = 1e-5               # delta of the reported epsilon
     dp_fraction: float = 1.0             # share of coordinates noised (< 1: FedPG's partial noise, no finite epsilon)
+    # what an algorithm cannot do, declared once on its config class and enforced by `check_setup` ('' = no restriction)
+    node_task_only: ClassVar[str] = ""   # why it needs node classification, e.g. "FedGTA is a node-classification method (...)"
+    graph_task_only: ClassVar[str] = ""  # why it needs graph classification, e.g. "FedStar is a graph-classification method (...)"
+    one_model_only: ClassVar[str] = ""   # why every client must run the same model, e.g. "FedGTA averages the clients' weights"
 
     def validate(self) -> None:
         "Raise `ConfigError` for values out of range."
@@ -152,6 +156,8 @@ class FedConfig:
             raise ConfigError("cross-validation folds have no validation set: set selection='last' to use fold >= 0")
         if self.graphless_model and self.graphless_model.lower() not in MODELS:
             raise ConfigError(f"graphless_model must be '' or one of {', '.join(MODELS)}; got {self.graphless_model!r}")
+        if self.graphless_model and self.one_model_only:
+            raise ConfigError(f"{self.one_model_only}: every client needs the same model; unset graphless_model")
         for name in ("rounds", "hidden", "layers", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -369,6 +375,7 @@ def make_optimizer(model: nn.Module, config: FedConfig, lr: float | None = None)
 class Client:
     "A federated client: private `data`, a local `model` and optimizer. Subclasses implement `local_step`."
     def __init__(self, cid: int, data: LocalData, config: FedConfig, spec: ModelSpec):
+        check_setup(config, data.task)
         self.cid, self.data, self.config, self.spec = cid, data, config, spec
         self.model = spec.build()
         self.optimizer = make_optimizer(self.model, config)
@@ -461,6 +468,16 @@ class Client:
         return {s: classification_scores(y, z.argmax(-1), num_classes, scores=self.to_probabilities(model, z))
                 for s, (y, z) in self.outputs(model, splits).items()}
 
+def check_setup(config: FedConfig, task: str, clients: Iterable = ()) -> None:
+    "Refuse what `config`'s algorithm declares it cannot do: another `task` (`node_task_only`, `graph_task_only`), clients running another model (`one_model_only`)."
+    for needed in ("node", "graph"):
+        reason = getattr(config, f"{needed}_task_only", "")
+        if reason and task != needed:
+            raise ConfigError(f"{reason}; got a {task} task")
+    one_model = getattr(config, "one_model_only", "")
+    if one_model and any(c.spec is not None for c in clients):
+        raise ConfigError(f"{one_model}: every client needs the same model (unset graphless_model)")
+
 @dataclass
 class ClientInfo:
     "What a server may know about a client before any message: its id, data sizes and (if not the common one) its model."
@@ -473,6 +490,7 @@ class ClientInfo:
 class Server:
     "A federated server. Subclasses implement `broadcast` and `aggregate` (and `evaluation_message` for global evaluation)."
     def __init__(self, config: FedConfig, clients: list[ClientInfo], spec: ModelSpec):
+        check_setup(config, spec.task, clients)
         self.config, self.clients, self.spec = config, clients, spec
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
@@ -767,6 +785,7 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
                           f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
     defaults = {k: v for k, v in algo.defaults_for(dataset_name, partition).items() if k in config_keys}
     config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
+    check_setup(config, task)
     if config.model is None:
         config.model = "gcn" if task == "node" else "gin"
     try:

@@ -85,6 +85,15 @@ def test_run_gpfl_issue_command_with_partition_alias(shared_root):
     assert 0.0 <= res["accuracy_mean"] <= 1.0 and res["bytes_up"] > 0
 
 
+def test_run_prints_the_auc_of_its_json_summary(shared_root):
+    args = ("run", "fedavg", "--dataset", "MUTAG", "--partition", "iid", "--clients", "2", "--rounds", "2")
+    text, as_json = fglit(*args, env={"FGLIT_DATA": str(shared_root)}), fglit(*args, "--json", env={"FGLIT_DATA": str(shared_root)})
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    line = next(l for l in text.stdout.splitlines() if l.startswith("accuracy "))
+    auc = float(line.split("AUC ")[1].split(" ±")[0])
+    assert auc == pytest.approx(100 * json.loads(as_json.stdout)["auc_mean"], abs=0.006) and 0 < auc <= 100
+
+
 def test_run_help_lists_registered_algorithms_and_partition_aliases():
     out = fglit("run", "--help")
     assert out.returncode == 0, out.stderr

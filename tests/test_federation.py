@@ -2,6 +2,7 @@
 guarantees (FedAvg with one client is centralised training; seeds repeat), and the baselines."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -244,7 +245,7 @@ def test_graphless_model_runs_the_mlp_on_graphless_clients_only(shared_root):
     assert res.per_round().test_accuracy.notna().all()
     with pytest.raises(ConfigError, match="graphless_model must be"):
         run("fedavg", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_model="nope"), progress=False)
-    with pytest.raises(ConfigError, match="SCAFFOLD needs the same model"):
+    with pytest.raises(ConfigError, match="SCAFFOLD keeps one control variate.*same model"):
         run("scaffold", "Cora", "louvain", 4, rounds=1, settings=dict(graphless_ratio=0.5, graphless_model="mlp"), progress=False)
 
 
@@ -354,3 +355,27 @@ def test_runs_record_auc_beside_accuracy(cora, shared_root):
             assert row.auc == pytest.approx(client_average(pc.auc, pc.n, seed_run.weighting))
         assert {"auc"} <= set(s["per_client"][0]) and "accuracy_mean" in s and "f1_macro_present_std" in s
     assert node.summary()["auc_mean"] > 0.5                   # Cora after two rounds: better than chance ranking
+
+
+def test_every_algorithm_refuses_what_its_config_declares():
+    "`node_task_only` / `graph_task_only` / `one_model_only` are enforced through `resolve_run_config` and `make_config`, for every registered algorithm."
+    from fglit.federation import ALGORITHMS, _import_algorithms, make_config, resolve_run_config
+    _import_algorithms()
+    declared = {kind: {n for n, a in ALGORITHMS.items() if getattr(a.config, kind)} for kind in ("node_task_only", "graph_task_only", "one_model_only")}
+    assert declared["node_task_only"] == {"adafgl", "fedgls", "fedgta", "fedsage", "fedtad", "opfgl"}
+    assert declared["graph_task_only"] == {"fedstar", "gpfl"}
+    assert declared["one_model_only"] == {"fedamp", "fedgta", "fedpub", "fedstar", "fedtad", "gcfl", "gcfl+", "gpfl", "pfedgraph", "scaffold"}
+    for name, algo in ALGORITHMS.items():
+        for task, other, dataset, partition in (("node", "graph", "Cora", "louvain"), ("graph", "node", "PROTEINS", "dirichlet")):
+            reason = getattr(algo.config, f"{other}_task_only")
+            if reason:
+                with pytest.raises(ConfigError, match=re.escape(f"{reason}; got a {task} task")):
+                    resolve_run_config(algo, dataset, task, partition)
+            else:
+                config, _ = resolve_run_config(algo, dataset, task, partition)
+                assert isinstance(config, algo.config), name
+        if name in declared["one_model_only"]:
+            with pytest.raises(ConfigError, match=re.escape(algo.config.one_model_only) + ".*same model; unset graphless_model"):
+                make_config(algo.config, {"graphless_model": "mlp"})
+        elif name != "fedgls":            # FedGLS refuses graphless_model for its own reason (tests/test_fedgls.py)
+            assert make_config(algo.config, {"graphless_model": "mlp"}).graphless_model == "mlp"

@@ -28,6 +28,7 @@ FUSIONS = ("hcs", "homo", "hete")
 @dataclass
 class AdaFGLConfig(FedConfig):
     "AdaFGL (Li et al., ICDE 2024): fglit's shared step-1 (FedAvg) defaults plus the constants of the authors' code for step 2."
+    node_task_only = "AdaFGL is a node-classification method (its step 2 propagates over a client's nodes)"
     federated_rounds: int | None = None   # F: FedAvg rounds; None -> rounds // 2; rounds F+1..rounds personalise
     personal_epochs: int = 200            # step-2 epochs in all, spread evenly over the step-2 rounds
     personal_lr: float = 0.01
@@ -262,7 +263,6 @@ class AdaFGLClient(FedAvgClient):
     "FedAvg client for rounds 1..F; from round F+1 it personalises locally with AdaFGL's step 2 and sends nothing."
     def __init__(self, cid: int, data: LocalData, config: AdaFGLConfig, spec: ModelSpec):
         super().__init__(cid, data, config, spec)
-        if data.task != "node": raise ConfigError("AdaFGL is a node-classification method: use a node dataset")
         n = data.graph.num_nodes
         if n > config.max_dense_nodes:
             raise ConfigError(f"client {cid} has {n} nodes; AdaFGL's step 2 holds {n} x {n} matrices (max_dense_nodes="
@@ -334,7 +334,6 @@ class AdaFGLServer(FedAvgServer):
     "FedAvg server for rounds 1..F; sends the final global model once to every client in step 2, then nothing."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        if spec.task != "node": raise ConfigError("AdaFGL is a node-classification method: use a node dataset")
         self.delivered: set[int] = set()   # clients that have received the federated knowledge extractor
         self.step = 1
 

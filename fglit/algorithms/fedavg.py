@@ -132,6 +132,7 @@ register_algorithm("fedprox", FedProxClient, FedAvgServer, FedProxConfig, paper=
 @dataclass
 class ScaffoldConfig(FedConfig):
     "SCAFFOLD (Karimireddy et al. 2020)."
+    one_model_only = "SCAFFOLD keeps one control variate per weight of one global model"
     global_lr: float = 1.0
     control_update: str = "gradient"      # option I; "difference" is option II (plain SGD)
 
@@ -189,7 +190,6 @@ class ScaffoldServer(FedAvgServer):
     "Global weights and the server control variate."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        if self.group_params: raise ConfigError("SCAFFOLD needs the same model on every client; unset graphless_model")
         self.control = torch.zeros_like(_param_vector(spec.build()))
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:

@@ -26,6 +26,7 @@ __all__ = ['FedGLSConfig', 'propagate', 'gcn_edges', 'gcn_forward', 'AttentiveEn
 @dataclass
 class FedGLSConfig(FedConfig):
     "FedGLS (Wang et al., TMLR 2024) with the paper's defaults."
+    node_task_only = "FedGLS is a node-classification method (its graph learner builds a node graph for each graphless client)"
     rounds: int = 100
     local_epochs: int = 5
     model: str | None = "kipfgcn"   # the paper's 2-layer GCN

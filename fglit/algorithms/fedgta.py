@@ -29,6 +29,8 @@ MOMENT_TYPES = ("raw", "central", "hybrid")
 @dataclass
 class FedGTAConfig(FedConfig):
     "FedGTA (Li et al., PVLDB 2024): fglit's shared node-task training defaults plus FedGTA's constants (defaults of the authors' OpenFGL code)."
+    node_task_only = "FedGTA is a node-classification method (its statistics live on a client's nodes)"
+    one_model_only = "FedGTA averages the clients' weights"
     evaluation: str = "global"            # score the personalised theta_bar_i the server holds for each client
     lp_steps: int = 5                     # K, label-propagation steps
     lp_alpha: float = 0.5                 # alpha in Y_k = alpha A Y_{k-1} + (1 - alpha) Y_0
@@ -54,8 +56,6 @@ class FedGTAConfig(FedConfig):
             raise ConfigError(f"degree_offset must be a finite number >= 0, got {self.degree_offset}")
         if self.moment_type not in MOMENT_TYPES:
             raise ConfigError(f"moment_type must be one of {', '.join(MOMENT_TYPES)}; got {self.moment_type!r}")
-        if self.graphless_model:
-            raise ConfigError("FedGTA averages the clients' weights: every client needs the same model; unset graphless_model")
 
 # %% ../../nbs/16_fedgta.ipynb #b45c63a6
 def propagation_matrix(edge_index: Tensor, num_nodes: int, r: float = 0.5) -> tuple[Tensor, Tensor, Tensor]:
@@ -160,10 +160,6 @@ class FedGTAClient(Client):
 class FedGTAServer(PersonalisedServer):
     "One model per client; theta_bar_i = sum_j W_ij theta_j over the clients with similar moments, weighted by confidence."
     def __init__(self, config, clients, spec):
-        if spec.task != "node":
-            raise ConfigError(f"FedGTA is a node-classification method (its statistics live on a client's nodes); got a {spec.task} task")
-        if any(c.spec is not None for c in clients):
-            raise ConfigError("FedGTA averages the clients' weights: every client needs the same model (unset graphless_model)")
         super().__init__(config, clients, spec)
         self.similarity: Tensor | None = None
         self.weights: Tensor | None = None

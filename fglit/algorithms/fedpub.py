@@ -30,6 +30,7 @@ MASK_MODES = ("weights", "all", "none")
 @dataclass
 class FedPUBConfig(FedConfig):
     "Fed-PUB (Baek et al., ICML 2023): fglit's shared training defaults with the paper's 128 hidden units, plus Fed-PUB's own settings."
+    one_model_only = "Fed-PUB averages the clients' weights"
     hidden: int = 128
     evaluation: str = "local"             # each client's masked model after its local step
     tau: float = 10.0                     # temperature of exp(tau * cos) (paper: 10)
@@ -58,8 +59,6 @@ class FedPUBConfig(FedConfig):
             if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("random_graph_p_in", "random_graph_p_out"):
             if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.graphless_model:
-            raise ConfigError("Fed-PUB averages the clients' weights: every client needs the same model; unset graphless_model")
 
 _GRAPH_SETUP = ("rounds", "local_epochs", "hidden", "layers", "dropout", "lr", "weight_decay", "batch_size", "selection", "weighting")
 
@@ -249,8 +248,6 @@ class FedPUBServer(PersonalisedServer):
     "Keeps every client's theta_i and sends it theta_bar_i = sum_j alpha_ij theta_j, alpha from the functional embeddings."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        if any(c.spec is not None for c in clients):
-            raise ConfigError("Fed-PUB averages the clients' weights: every client needs the same model (unset graphless_model)")
         self.models = self.params.clone()
         self.embeddings: Tensor | None = None
         self.weights: Tensor | None = None

@@ -27,6 +27,7 @@ __all__ = ['FEDSAGE', 'FedSageConfig', 'NeighGen', 'predicted_counts', 'Impaired
 @dataclass
 class FedSageConfig(FedConfig):
     "FedSage+ (Zhang et al., NeurIPS 2021): NeighGen rounds with cross-client gradients, then FedAvg of the classifier on mended graphs."
+    node_task_only = "FedSage+ is a node-classification method (NeighGen mends the neighbourhoods of a client's nodes)"
     model: str | None = "graphsage"    # the classifier (the paper's FedSage is GraphSAGE)
     gen_rounds: int | None = None      # G: NeighGen rounds; None -> max(1, rounds // 5); rounds G+1.. train the classifier
     gen_epochs: int = 3                # NeighGen optimizer steps per NeighGen round
@@ -162,7 +163,6 @@ class FedSageClient(FedAvgClient):
     "Rounds 1..G: trains its NeighGen (local loss + others' cross-client gradients) and computes cross-client gradients for the others; from G+1: mends its graph once, then is a FedAvg client on it."
     def __init__(self, cid: int, data: LocalData, config: FedSageConfig, spec: ModelSpec):
         super().__init__(cid, data, config, spec)
-        if data.task != "node": raise ConfigError("FedSage+ is a node-classification method: use a node dataset")
         c = config
         self.neighgen = NeighGen(spec.in_dim, c.latent_dim, c.gen_hidden, c.num_pred, c.dropout, c.gen_noise).to(data.device)
         self.gen_optimizer = make_optimizer(self.neighgen, config)
@@ -253,7 +253,6 @@ class FedSageServer(FedAvgServer):
     "Rounds 1..G: holds every client's NeighGen parameters and routes cross-client gradients to their owners; then a FedAvg server."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        if spec.task != "node": raise ConfigError("FedSage+ is a node-classification method: use a node dataset")
         self.neighgen: dict[int, Tensor] = {}          # cid -> last uploaded NeighGen parameters
         self.pending: dict[int, list[Tensor]] = {}     # cid -> cross-client gradients not yet delivered
         self.round = 0

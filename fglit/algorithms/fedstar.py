@@ -17,7 +17,7 @@ from torch_geometric.data import Batch as GraphBatch, Data
 from .fedavg import FedAvgClient, FedAvgServer
 from .pfl import GraphPFLConfig
 from ..core import get_device
-from ..federation import (ConfigError, LocalData, Message, ModelSpec, flat_state, load_flat_state, make_optimizer,
+from ..federation import (ConfigError, LocalData, Message, ModelSpec, check_setup, flat_state, load_flat_state, make_optimizer,
                               register_algorithm)
 from ..models import CachedEncoder, GCNLayer, GraphModel, SparseGINConv, _gin_mlp
 
@@ -145,6 +145,7 @@ def fedstar_model(spec: ModelSpec, config) -> FedStarGIN:
 @dataclass
 class FedStarConfig(GraphPFLConfig):
     "FedStar (Tan et al., AAAI 2023): GraphPFLConfig's GIN setup plus the structure embedding and encoder."
+    graph_task_only = "FedStar is a graph-classification method (structure embeddings per graph, pooled readout)"
     rw_dim: int = 16                  # k1: random-walk return probabilities for 1..k1 steps
     degree_dim: int = 16              # k2: one-hot degree slots (degrees >= k2 share the last)
     structure_conv: str = "gcn"       # structure encoder layers: gcn (the paper) | gin
@@ -162,14 +163,9 @@ class FedStarConfig(GraphPFLConfig):
         if self.structure_conv not in STRUCTURE_CONVS:
             raise ConfigError(f"structure_conv must be one of {', '.join(STRUCTURE_CONVS)}; got {self.structure_conv!r}")
 
-def _graph_task_only(task: str) -> None:
-    if task != "graph":
-        raise ConfigError(f"FedStar is a graph-classification method (structure embeddings per graph, pooled readout); "
-                          f"this is a {task}-level task")
-
 def add_structure_embeddings(data: LocalData, rw_dim: int, degree_dim: int) -> None:
     "Append FedStar's structure embeddings to the features of every graph of a client's `LocalData`, in place and once (one union of all its graphs)."
-    _graph_task_only(data.task)
+    check_setup(FedStarConfig, data.task)
     splits = list(data.items)
     graphs = [g for s in splits for g in data.items[s]]
     aug = with_structure_embeddings(graphs, rw_dim, degree_dim, data.device)
@@ -182,7 +178,6 @@ def add_structure_embeddings(data: LocalData, rw_dim: int, degree_dim: int) -> N
 class FedStarClient(FedAvgClient):
     "A FedStar client: its graphs carry structure embeddings (computed once here); exchanges only its model's structure encoder."
     def __init__(self, cid: int, data: LocalData, config: FedStarConfig, spec: ModelSpec):
-        _graph_task_only(data.task)
         super().__init__(cid, data, config, spec)
         self.model = fedstar_model(spec, config)
         self.optimizer = make_optimizer(self.model, config)
@@ -207,7 +202,6 @@ class FedStarClient(FedAvgClient):
 class FedStarServer(FedAvgServer):
     "FedAvg over the structure encoder: `params` is its `flat_state`, averaged by training-set size."
     def __init__(self, config: FedStarConfig, clients, spec: ModelSpec):
-        _graph_task_only(spec.task)
         super().__init__(config, clients, spec)
         self.params = flat_state(fedstar_model(spec, config).structure)
 

@@ -34,6 +34,8 @@ GENERATOR_HIDDEN = (64, 128, 256)
 @dataclass
 class FedTADConfig(FedConfig):
     "FedTAD (Zhu et al., IJCAI 2024): fglit's shared node-task training defaults plus FedTAD's constants (defaults of the authors' code)."
+    node_task_only = "FedTAD is a node-classification method (its reliabilities and pseudo graphs are node-level)"
+    one_model_only = "FedTAD averages and distils one global model"
     walk_length: int = 5              # K_rw: random-walk return probabilities for 1..K_rw steps in the topology embedding
     num_generated: int = 100          # pseudo nodes the generator makes per distillation epoch
     noise_dim: int = 32               # d_z of the generator's noise
@@ -61,8 +63,6 @@ class FedTADConfig(FedConfig):
             if not (math.isfinite(v) and v >= 0): raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
         if self.distill_target not in DISTILL_TARGETS:
             raise ConfigError(f"distill_target must be one of {', '.join(DISTILL_TARGETS)}; got {self.distill_target!r}")
-        if self.graphless_model:
-            raise ConfigError("FedTAD averages and distils one global model: every client needs the same model; unset graphless_model")
 
 # %% ../../nbs/19_fedtad.ipynb #b1ee4a76
 def topology_embedding(x: Tensor, edge_index: Tensor, walk_length: int = 5) -> Tensor:
@@ -223,10 +223,6 @@ class FedTADClient(FedAvgClient):
 class FedTADServer(FedAvgServer):
     "FedAvg, then the global model (student) distilled from the round's local models (teachers) on generated pseudo graphs, each teacher trusted per class by its reliability."
     def __init__(self, config, clients, spec):
-        if spec.task != "node":
-            raise ConfigError(f"FedTAD is a node-classification method (its reliabilities and pseudo graphs are node-level); got a {spec.task} task")
-        if any(c.spec is not None for c in clients):
-            raise ConfigError("FedTAD averages and distils one global model: every client needs the same model (unset graphless_model)")
         super().__init__(config, clients, spec)
         self.student = spec.build()
         self.distiller = DataFreeDistiller(config, spec.in_dim, spec.num_classes, self.student)

@@ -38,6 +38,7 @@ HRE_CRITERIA = ("degree", "confidence", "homophily")
 @dataclass
 class OpFGLConfig(FedConfig):
     "O-pFGL (the paper's and its code's defaults for Cora/CiteSeer)."
+    node_task_only = "O-pFGL is a node-classification method (its statistics and surrogate graph are per-class node statistics)"
     rounds: int = 2                    # simulator steps: 1 = upload statistics, 2 = download the surrogate graph
     eval_every: int = 2
     evaluation: str = "local"          # personalised models
@@ -375,7 +376,6 @@ class OpFGLClient(Client):
             spec = spec.replace(name=choice.pop("name"), layers=choice.pop("layers"), hidden=choice.pop("hidden"),
                                 options=choice)
         super().__init__(cid, data, config, spec)
-        if data.task != "node": raise ConfigError("O-pFGL is a node-classification method")
         g, C = data.graph, spec.num_classes
         self.train_mask = data.masks["train"]
         self.degree = torch.bincount(g.edge_index[1], minlength=g.num_nodes)

@@ -28,6 +28,7 @@ __all__ = ['GCFL_DATASET_DEFAULTS', 'GCFL', 'GCFL_PLUS', 'FEDAMP', 'PFEDGRAPH', 
 @dataclass
 class GraphPFLConfig(FedConfig):
     "GCFL's graph-classification setup (3-layer GIN, 64 hidden, Adam 1e-3, weight decay 5e-4, batch 128, 1 local epoch, 200 rounds), also GPFL's."
+    one_model_only = "personalised aggregation mixes the clients' weights"
     rounds: int = 200
     local_epochs: int = 1
     hidden: int = 64
@@ -44,8 +45,6 @@ class GraphPFLConfig(FedConfig):
         if self.client_fraction != 1.0:
             raise ConfigError(f"{type(self).__name__.removesuffix('Config')} trains and aggregates every client every round; "
                               f"client_fraction must be 1, got {self.client_fraction}")
-        if self.graphless_model:
-            raise ConfigError("personalised aggregation needs the same model on every client; unset graphless_model")
 
 class PersonalisedServer(Server):
     "One model per client: row `i` of `params` (`[K, P]`) is sent to, and scored for, client `i`."
