@@ -57,6 +57,28 @@ def test_eq2_matches_brute_force(n, m, hops, mode, seed):
     assert torch.equal(N, Nb) and torch.allclose(P, Pb, atol=1e-9)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 15), st.integers(0, 40), st.integers(0, 3), st.sampled_from(["within", "exact"]), st.integers(0, 2**16))
+def test_class_operand_is_symmetric_and_backpropagates_like_a_dense_matrix(n, m, hops, mode, seed):
+    "class_operand builds its CSR straight from hop_pairs' sorted pairs and reuses it as its transpose: check both against dense maths."
+    from fglit.models import spmm
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, m), generator=g)
+    labels = torch.randint(-1, 3, (n,), generator=g)
+    x = torch.randn(n, 2, generator=g, requires_grad=True)
+    w = torch.randn(n, 2, generator=g)
+    for pairs in hop_pairs(ei, n, hops, mode):
+        op = class_operand(pairs, labels, n)
+        d = op.matrix.to_dense()
+        i, j = pairs
+        ref = torch.zeros(n, n)
+        keep = (labels[i] >= 0) & (labels[i] == labels[j])
+        ref[i[keep], j[keep]] = 1.0
+        assert torch.equal(d, ref) and torch.equal(d, d.T) and torch.equal(op.T.to_dense(), d.T)
+        (grad,) = torch.autograd.grad((spmm(op, x) * w).sum(), x)
+        assert torch.allclose(grad, d.T @ w, atol=1e-6)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.floats(0, 1), st.floats(-1.0, 1.5), st.integers(0, 2**16))
 def test_fusion_convex_and_permutation_equivariant(K, C, H, alpha, lam, seed):

@@ -113,13 +113,14 @@ def hop_pairs(edge_index: Tensor, num_nodes: int, hops: int, mode: str = "within
     return [reach[0]] + [reach[h][:, ~torch.isin(keys[h], keys[h - 1])] for h in range(1, len(reach))]
 
 def class_operand(pairs: Tensor, labels: Tensor, num_nodes: int) -> SparseOperand:
-    "The 0/1 matrix of the `pairs` (i, j) whose nodes carry the same annotation (`labels >= 0`), as a `SparseOperand`."
+    "The 0/1 matrix of the `pairs` (i, j) whose nodes carry the same annotation (`labels >= 0`), as a `SparseOperand`; `pairs` as `hop_pairs` gives them (sorted by (i, j), unique, symmetric)."
     i, j = pairs
     keep = (labels[i] >= 0) & (labels[i] == labels[j])
-    m = _binary(torch.stack([i[keep], j[keep]]), num_nodes)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
-        return SparseOperand(m.to_sparse_csr())
+    i, j = i[keep], j[keep]                     # still sorted and symmetric: the CSR is built directly, and is its own transpose
+    crow = torch.zeros(num_nodes + 1, dtype=torch.long, device=i.device)
+    crow[1:] = torch.bincount(i, minlength=num_nodes).cumsum(0)
+    m = torch.sparse_csr_tensor(crow, j, torch.ones(j.numel(), device=j.device), (num_nodes, num_nodes), check_invariants=False)
+    return SparseOperand(m, transpose=(crow, j, torch.arange(j.numel(), device=j.device)))
 
 def centre_contexts(emb: Tensor, labels: Tensor, operands: list[SparseOperand],
                     scores: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
