@@ -17,7 +17,7 @@ import torch
 from .data import load_dataset
 from .federation import run
 from .partition import partition as make_partition
-from .reproduction import Experiment, run_grid
+from .reproduction import Experiment, completed, results_file, run_grid
 
 # %% auto #0
 __all__ = ['FIG_ROUNDS', 'SPARSE_ROUNDS', 'BASELINES', 'FIGURES', 'DELTA_S', 'EPS_MU', 'ALPHA_LAMBDA', 'NOISE_STD',
@@ -124,7 +124,7 @@ def reproduce(experiments: list[Experiment], seeds=(0,), out: str | Path | None 
 
 def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     "The figures have no printed numbers: per figure, curve and point, our mean accuracy (%) and the seeds run."
-    ok = results[results["error"].isna() | (results["error"] == "")] if "error" in results else results
+    ok = completed(results)
     return (ok.assign(accuracy=100 * ok.accuracy).groupby(["table", "dataset", "method", "note"], sort=False)
               .agg(accuracy=("accuracy", "mean"), seeds=("seed", "nunique")).reset_index())
 
@@ -132,9 +132,9 @@ RESULTS = Path("results/fedpg/figures.csv")
 
 def load_figure_results(path: str | Path | None = None) -> pd.DataFrame:
     "The committed figure runs (found from the repository root or from `nbs/`); empty if none yet."
-    for p in ([Path(path)] if path else [RESULTS, Path("..") / RESULTS]):
-        if p.exists(): return pd.read_csv(p, dtype={"table": str}, keep_default_na=False)
-    return pd.DataFrame(columns=["table", "method", "note", "seed", "accuracy", "curve"])
+    p = results_file(RESULTS, path)
+    if p is None: return pd.DataFrame(columns=["table", "method", "note", "seed", "accuracy", "curve"])
+    return pd.read_csv(p, dtype={"table": str}, keep_default_na=False)
 
 # %% ../nbs/52_fedpg_analysis.ipynb #08a15312
 def label_distribution(part) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .federation import ALGORITHMS, _import_algorithms, run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
+from .reproduction import Experiment, compare_with_paper, completed, format_side_by_side, results_file, run_grid
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
@@ -228,7 +228,7 @@ def run_fedpg_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
     res = run(exp.algorithm, exp.dataset, exp.partition, exp.clients, rounds=rounds, local_epochs=epochs, seeds=[seed],
               settings=settings, progress=False, callback=count)
     wall, s = time.perf_counter() - t0, res.summary()
-    return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], auc=s.get("auc_mean", np.nan),
+    return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], auc=s["auc_mean"],
                 bytes_up=s["bytes_up"],
                 bytes_down=s["bytes_down"], params_k=counted.get("params", np.nan) / 1e3,
                 comm_k=(s["bytes_up"] + s["bytes_down"]) / 4 / exp.clients / rounds / 1e3, wall_time_s=wall, quick=quick,
@@ -241,8 +241,7 @@ def reproduce(experiments: list[Experiment], seeds=tuple(range(10)), out: str | 
 
 def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metrics=("accuracy",)) -> pd.DataFrame:
     "Ours (mean, std over seeds, percent) beside the paper's cell and the difference."
-    ok = results[results["error"].isna() | (results["error"] == "")] if "error" in results else results
-    return compare_with_paper(ok, paper_numbers() if paper is None else paper, metrics)
+    return compare_with_paper(completed(results), paper_numbers() if paper is None else paper, metrics)
 
 def efficiency_table(results: pd.DataFrame) -> pd.DataFrame:
     "Table VII as we measured it: accuracy (%), parameters (k), time (s), communication (k floats per client and round)."
@@ -259,11 +258,10 @@ RESULTS = Path("results/fedpg/runs.csv")
 
 def load_results(path: str | Path | None = None) -> pd.DataFrame:
     "The committed full runs (found from the repository root or from `nbs/`); empty if none yet."
-    for p in ([Path(path)] if path else [RESULTS, Path("..") / RESULTS]):
-        if p.exists():
-            df = pd.read_csv(p, dtype={"table": str, "paper_table": str}, keep_default_na=False, na_values={"accuracy": [""]})
-            return df[~df.quick.astype(str).eq("True")]
-    return pd.DataFrame()
+    p = results_file(RESULTS, path)
+    if p is None: return pd.DataFrame()
+    df = pd.read_csv(p, dtype={"table": str, "paper_table": str}, keep_default_na=False, na_values={"accuracy": [""]})
+    return df[~df.quick.astype(str).eq("True")]
 
 # %% ../nbs/51_fedpg_results.ipynb #b4d7518d
 def upload_ratio(results: pd.DataFrame, table: str = "5", method: str = "FedPG", base: str = "FedAvg") -> pd.DataFrame:

@@ -17,7 +17,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side']
+__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'completed', 'results_file', 'append_row', 'run_grid',
+           'compare_with_paper', 'format_side_by_side']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -49,6 +50,16 @@ def _guarded(run_one: Callable, exp: Experiment, seed: int, quick: bool) -> dict
         return run_one(exp, seed, quick)
     except Exception as err:                      # one broken setting must not stop the grid
         return dict(**asdict(exp), seed=seed, error=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+def completed(results: pd.DataFrame) -> pd.DataFrame:
+    "The rows of a grid's results that ran: those without an `error` from `_guarded`."
+    return results[results["error"].isna() | (results["error"] == "")] if "error" in results else results
+
+def results_file(default: str | Path, path: str | Path | None = None) -> Path | None:
+    "`path`, or else the committed results CSV `default` (relative to the repository root) seen from the root or from `nbs/`; None if it is not there."
+    for p in ([Path(path)] if path else [Path(default), Path("..") / default]):
+        if p.exists(): return p
+    return None
 
 def append_row(out: Path, row: dict) -> None:
     "Append one result row to the CSV `out`; when its columns differ from the file's (a grid that gained or lost a column), rewrite the file with the union so no value lands under another column's header."

@@ -1,4 +1,6 @@
-"""`append_row`: result CSVs keep every value under its own header when a grid's columns change."""
+"""Result-CSV helpers of `fglit.reproduction`: `append_row` keeps every value under its own header when a grid's columns change; `completed`, `results_file`."""
+from pathlib import Path
+
 import pandas as pd
 
 from fglit.reproduction import append_row
@@ -21,3 +23,24 @@ def test_a_row_missing_columns_is_appended_under_the_header(tmp_path):
     append_row(out, dict(method="A", accuracy=0.5, time_s=3.0))
     append_row(out, dict(method="B", accuracy=0.6))
     assert open(out).read().splitlines() == ["method,accuracy,time_s", "A,0.5,3.0", "B,0.6,"]
+
+
+def test_completed_keeps_only_rows_without_an_error():
+    from fglit.reproduction import completed
+    rows = pd.DataFrame({"seed": [0, 1, 2, 3], "error": [None, "", "RuntimeError: boom", float("nan")]})
+    assert completed(rows).seed.tolist() == [0, 1, 3]
+    no_error_column = pd.DataFrame({"seed": [0, 1]})
+    assert completed(no_error_column).equals(no_error_column)
+
+
+def test_results_file_is_found_from_the_root_or_from_nbs(tmp_path, monkeypatch):
+    from fglit.reproduction import results_file
+    (tmp_path / "results").mkdir(); (tmp_path / "nbs").mkdir()
+    csv = tmp_path / "results" / "runs.csv"
+    csv.write_text("a\n1\n")
+    monkeypatch.chdir(tmp_path)
+    assert results_file("results/runs.csv") == Path("results/runs.csv")
+    monkeypatch.chdir(tmp_path / "nbs")
+    assert results_file("results/runs.csv") == Path("..") / "results/runs.csv"
+    assert results_file("results/other.csv") is None
+    assert results_file("results/runs.csv", "elsewhere.csv") is None          # an explicit path is not searched for
