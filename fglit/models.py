@@ -364,13 +364,20 @@ class SparseGINConv(GINConv):
         return super().forward(x, edge_index, size)
 
 class GIN(GraphModel):
-    "Graph Isomorphism Network (Xu et al., ICLR 2019); sum pooling by default for the graph task; dropout only before the head, as in the paper."
+    "Graph Isomorphism Network (Xu et al., ICLR 2019); sum pooling by default for the graph task; dropout only before the head, as in the paper; graph task: per-edge message passing on dense inputs."
     def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 2, dropout: float = 0.5,
                  task: str = "node", pool: str | None = "sum", train_eps: bool = False):
         convs = [SparseGINConv(_gin_mlp(a, b), train_eps=train_eps) for a, b in _dims(in_dim, hidden, layers)]
         # Xu et al. apply dropout only in the final layer; dropping one-hot node labels and the
         # batch-normalised hidden layers too cost 0.74 -> 0.59 test accuracy on NCI1 (measured).
-        super().__init__(ConvEncoder(convs, 0.0, F.relu, "sum"), hidden, num_classes, task, pool, dropout)
+        # Graph task: each mini-batch is a new disjoint union, so a cached CSR adjacency never hits and its
+        # build and transposes cost more than PyG's per-edge scatter; one-hot node labels are too narrow for
+        # sparse inputs to pay. Measured below: about 20% less time per step on a 128-graph batch (30% on
+        # NCI1's own graphs); a whole FedAvg run on NCI1 (25 clients, batches of 1-128 graphs) gains ~5%.
+        per_batch = task == "graph"
+        encoder = ConvEncoder(convs, 0.0, F.relu, None if per_batch else "sum")
+        encoder.sparse_input = not per_batch
+        super().__init__(encoder, hidden, num_classes, task, pool, dropout)
 
 # %% ../nbs/02_models.ipynb #9f58aaae
 class GAT(GraphModel):
