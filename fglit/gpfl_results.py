@@ -18,7 +18,7 @@ import torch
 from .algorithms.pfl import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, plot_against_paper, run_grid
 
 # %% auto #0
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers',

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 # %% auto #0
 __all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'completed', 'results_file', 'append_row', 'run_grid',
-           'compare_with_paper', 'format_side_by_side']
+           'compare_with_paper', 'format_side_by_side', 'plot_against_paper']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -145,3 +145,26 @@ def format_side_by_side(df: pd.DataFrame) -> pd.DataFrame:
         return ours + (f" | {r.paper:.2f} ({r['diff']:+.2f})" if pd.notna(r.paper) else " | –")
     t = df.assign(cell=df.apply(cell, axis=1), col=df.dataset + " " + df.metric.map(lambda m: METRIC_NAMES.get(m, m)))
     return t.pivot_table(index="method", columns="col", values="cell", aggfunc="first", sort=False)
+
+# %% ../nbs/08_reproduction.ipynb #387ac51a
+def plot_against_paper(side: pd.DataFrame, band: float = 1.5, hue: str = "method", style: str | None = "dataset",
+                       ax=None, title: str | None = None, hue_order: list | None = None):
+    "Ours against the paper's number, one point per cell of `side` (`compare_with_paper`'s output) that has one; returns the axes."
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    d = side.dropna(subset=["paper", "ours"])
+    if not len(d): raise ValueError("no row of `side` has both our number and the paper's: nothing to plot")
+    if ax is None: _, ax = plt.subplots(figsize=(6.5, 5))
+    lo = float(min(d.ours.min(), d.paper.min())) - 2
+    hi = float(max(d.ours.max(), d.paper.max())) + 2
+    ax.fill_between([lo, hi], [lo - band, hi - band], [lo + band, hi + band], color="0.9", zorder=0, label=f"±{band:g} points")
+    ax.plot([lo, hi], [lo, hi], color="0.5", lw=1, zorder=1)
+    if d.ours_std.notna().any():
+        ax.errorbar(d.paper, d.ours, yerr=d.ours_std.fillna(0), fmt="none", ecolor="0.6", lw=1, zorder=2)
+    hue_order = [h for h in hue_order if h in set(d[hue])] if hue_order is not None else list(dict.fromkeys(d[hue]))
+    sns.scatterplot(data=d, x="paper", y="ours", hue=hue, hue_order=hue_order, style=style if style in d else None, s=70,
+                    palette="tab20" if len(hue_order) > 10 else "tab10", ax=ax, zorder=3)
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="paper (%)", ylabel="ours (%)", title=title)
+    ax.set_aspect("equal")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
+    return ax
