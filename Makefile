@@ -9,7 +9,9 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls
+.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
+	reproduce-gpfl reproduce-fedpg
+JOBS ?= 2
 
 # torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
 $(BIN)/.installed: settings.ini setup.py
@@ -69,3 +71,15 @@ reproduce-fedgls: setup
 	$(BIN)/fglit reproduce fedgls --tables 1 --jobs 2
 	$(BIN)/fglit reproduce fedgls --tables fig3 --datasets Cora --jobs 2
 	$(BIN)/fglit reproduce fedgls --tables 2 3 ablation --jobs 2
+
+# GPFL's Table 2 at the issue's minimum, fold 0 x 3 repeats of every method in all 18 settings; it resumes
+# from results/gpfl/runs.csv, so only what is missing runs (about 400 runs of 2-5 CPU minutes were left on
+# 2026-11-22). All five folds: add --folds 0 1 2 3 4. The figures' full-size calls are in 32_gpfl_analysis.
+reproduce-gpfl: setup
+	$(BIN)/fglit reproduce gpfl --seeds 0 1 2 --folds 0 --jobs $(JOBS)
+
+# FedPG's Tables V-X and its figures at one seed (the paper ran 10: --seeds 0 1 2 3 4 5 6 7 8 9), resuming
+# from results/fedpg/runs.csv and results/fedpg/figures.csv.
+reproduce-fedpg: setup
+	$(BIN)/fglit reproduce fedpg --seeds 0 --jobs $(JOBS)
+	$(BIN)/fglit reproduce fedpg-figures --seeds 0 --jobs $(JOBS)
