@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .federation import ALGORITHMS, _import_algorithms, run
-from .reproduction import (Experiment, compare_with_paper, completed, format_side_by_side, plot_against_paper,
-                                results_file, run_grid)
+from .reproduction import Experiment, compare_with_paper, completed, format_side_by_side, results_file, run_grid
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',

@@ -18,7 +18,7 @@ import torch
 from .algorithms.pfl import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, plot_against_paper, run_grid
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
 
 # %% auto #0
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers',
@@ -432,8 +432,8 @@ def _with_split(results: pd.DataFrame) -> pd.DataFrame:
                           alpha=results.note.str.extract(r"alpha=([\d.]+)")[0])
 
 def _with_setting(side: pd.DataFrame) -> pd.DataFrame:
-    alpha = side.method.str.extract(r"\[(alpha=[\d.]+)")[0]
-    return side.assign(alpha=alpha, method=side.method.str.replace(r" \[.*\]$", "", regex=True),
+    alpha = side.note.str.extract(r"(alpha=[\d.]+)")[0]
+    return side.assign(alpha=alpha, method=side.base_method,
                        setting=side.dataset + " k=" + side.clients.astype(str) + " " + alpha.str.replace("alpha=", "α="))
 
 def table2(results: pd.DataFrame, majority: bool = True) -> pd.DataFrame:

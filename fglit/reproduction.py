@@ -113,7 +113,7 @@ def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), 
 # %% ../nbs/08_reproduction.ipynb #52f27c05
 def compare_with_paper(results: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",),
                        paper_metric: dict | None = None) -> pd.DataFrame:
-    "Ours (mean, std over seeds, percent) beside the paper's cell and the difference, one row per experiment and metric."
+    "Ours (mean, std over seeds, percent) beside the paper's cell and the difference, one row per experiment and metric; `method` is the label 'method [note]', `base_method` and `note` its parts."
     paper_metric = paper_metric or {m: m for m in metrics}
     keys = ["table", "dataset", "partition", "clients", "method", "note", "paper_table", "paper_method", "paper_note"]
     res = results.copy()
@@ -129,7 +129,8 @@ def compare_with_paper(results: pd.DataFrame, paper: pd.DataFrame, metrics=("acc
                         & (paper.metric == paper_metric[m]) & (paper.note == row["paper_note"])] if row["paper_table"] else paper.iloc[:0]
             p = hit.iloc[0] if len(hit) else None
             rows.append(dict(table=row["table"], dataset=row["dataset"], partition=row["partition"], clients=row["clients"],
-                             method=row["method"] + (f" [{row['note']}]" if row["note"] else ""), metric=m, seeds=len(g),
+                             method=row["method"] + (f" [{row['note']}]" if row["note"] else ""), base_method=row["method"],
+                             note=row["note"], metric=m, seeds=len(g),
                              ours=vals.mean(), ours_std=vals.std(ddof=0) if len(g) > 1 else np.nan,
                              paper=p["mean"] if p is not None else np.nan, paper_std=p["std"] if p is not None else np.nan))
     df = pd.DataFrame(rows)
