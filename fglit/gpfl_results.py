@@ -24,7 +24,7 @@ from .reproduction import Experiment, compare_with_paper, format_side_by_side, r
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers',
            'gpfl_experiments', 'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce',
            'side_by_side', 'majority_baseline', 'table2', 'quality_bars', 'plot_ours_vs_paper', 'head_to_head',
-           'coverage', 'cap_experiments', 'cap_table']
+           'coverage', 'ordering_agreement', 'cap_experiments', 'cap_table']
 
 # %% ../nbs/31_gpfl_results.ipynb #e4e23563
 #| code-fold: true
@@ -505,6 +505,25 @@ def coverage(results: pd.DataFrame, per_cell: int = 15) -> pd.DataFrame:
     r = results.assign(setting=results.dataset + " k=" + results.clients.astype(str) + " " + results.note.str.replace(r" fold \d+", "", regex=True))
     t = r.pivot_table(index="method", columns="setting", values="accuracy", aggfunc="size").fillna(0).astype(int)
     return t.reindex([m for m in [*METHODS, *VARIANTS] if m in t.index]).assign(total=lambda d: d.sum(1))
+
+# %% ../nbs/31_gpfl_results.ipynb #254ea0c0
+def ordering_agreement(results: pd.DataFrame, fold: int = 0, min_methods: int = 8) -> pd.DataFrame:
+    "Per setting with at least `min_methods` of Table 2's methods run at fold `fold` (so all on the same splits): Spearman's rank correlation between our means and the paper's, GPFL's rank (1 = best) on each side, each side's best method and the mean absolute gap in points."
+    s = _with_setting(side_by_side(results[_with_split(results).fold == fold]))
+    s = s[s.method.isin(list(METHODS)) & s.paper.notna()]
+    order = {f"{d} k={k} α={a:g}": i for i, (d, (k, a)) in enumerate((d, ka) for d in ("NCI1", "PROTEINS", "Yeast") for ka in SETTINGS)}
+    rows = []
+    for setting, g in sorted(s.groupby("setting"), key=lambda kv: order.get(kv[0], len(order))):
+        if len(g) < min_methods: continue
+        ours, paper = g.ours.rank(ascending=False), g.paper.rank(ascending=False)    # average ranks: Spearman's rho is Pearson's r on them
+        gpfl = g.method == "GPFL"
+        rows.append(dict(setting=setting, methods=len(g), rank_corr=float(np.corrcoef(ours, paper)[0, 1]),
+                         gpfl_rank_ours=ours[gpfl].iloc[0] if gpfl.any() else np.nan,
+                         gpfl_rank_paper=paper[gpfl].iloc[0] if gpfl.any() else np.nan,
+                         best_ours=g.method[g.ours.idxmax()], best_paper=g.method[g.paper.idxmax()],
+                         mean_abs_gap=float(g["diff"].abs().mean())))
+    return pd.DataFrame(rows)
+
 
 # %% ../nbs/31_gpfl_results.ipynb #d2308c09
 CAP_STUDY = Path("results/gpfl/cap_sensitivity.csv")
