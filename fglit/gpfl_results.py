@@ -431,6 +431,9 @@ def _with_split(results: pd.DataFrame) -> pd.DataFrame:
     return results.assign(fold=results.note.str.extract(r"fold (\d+)")[0].astype(int),
                           alpha=results.note.str.extract(r"alpha=([\d.]+)")[0])
 
+# Table 2's column order: a setting's label (as `_with_setting` writes it) -> its position
+_SETTING_ORDER = {f"{d} k={k} α={a:g}": i for i, (d, (k, a)) in enumerate((d, ka) for d in ("NCI1", "PROTEINS", "Yeast") for ka in SETTINGS)}
+
 def _with_setting(side: pd.DataFrame) -> pd.DataFrame:
     alpha = side.note.str.extract(r"(alpha=[\d.]+)")[0]
     return side.assign(alpha=alpha, method=side.base_method,
@@ -442,7 +445,7 @@ def table2(results: pd.DataFrame, majority: bool = True) -> pd.DataFrame:
     def cell(r):
         return f"{r.ours:.2f} ({r.seeds})" + (f" | {r.paper:.2f} ({r['diff']:+.2f})" if pd.notna(r.paper) else " | –")
     order = [m for m in [*METHODS, *VARIANTS] if m in set(s.method)]
-    cols = [c for d in ("NCI1", "PROTEINS", "Yeast") for k, a in SETTINGS for c in [f"{d} k={k} α={a:g}"] if c in set(s.setting)]
+    cols = sorted(set(s.setting) & _SETTING_ORDER.keys(), key=_SETTING_ORDER.get)
     table = s.assign(cell=s.apply(cell, axis=1)).pivot_table(index="method", columns="setting", values="cell",
                                                             aggfunc="first").reindex(index=order, columns=cols).fillna("")
     if majority:
@@ -511,9 +514,8 @@ def ordering_agreement(results: pd.DataFrame, fold: int = 0, min_methods: int = 
     "Per setting with at least `min_methods` of Table 2's methods run at fold `fold` (so all on the same splits): Spearman's rank correlation between our means and the paper's, GPFL's rank (1 = best) on each side, each side's best method and the mean absolute gap in points."
     s = _with_setting(side_by_side(results[_with_split(results).fold == fold]))
     s = s[s.method.isin(list(METHODS)) & s.paper.notna()]
-    order = {f"{d} k={k} α={a:g}": i for i, (d, (k, a)) in enumerate((d, ka) for d in ("NCI1", "PROTEINS", "Yeast") for ka in SETTINGS)}
     rows = []
-    for setting, g in sorted(s.groupby("setting"), key=lambda kv: order.get(kv[0], len(order))):
+    for setting, g in sorted(s.groupby("setting"), key=lambda kv: _SETTING_ORDER.get(kv[0], len(_SETTING_ORDER))):
         if len(g) < min_methods: continue
         ours, paper = g.ours.rank(ascending=False), g.paper.rank(ascending=False)    # average ranks: Spearman's rho is Pearson's r on them
         gpfl = g.method == "GPFL"
