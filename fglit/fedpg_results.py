@@ -20,10 +20,10 @@ from .reproduction import Experiment, compare_with_paper, completed, format_side
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
-           'TABLE10_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS',
-           'RESULTS', 'paper_numbers', 'available_methods', 'fedpg_experiments', 'parameter_count',
-           'run_fedpg_experiment', 'reproduce', 'side_by_side', 'efficiency_table', 'coverage', 'load_results',
-           'upload_ratio']
+           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS', 'SUBGRAPH_SETUP',
+           'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods', 'fedpg_experiments',
+           'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side', 'efficiency_table', 'coverage',
+           'load_results', 'weight_decay_effect', 'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -154,6 +154,8 @@ TABLE5_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedSage+",
 TABLE6_METHODS = ("FedProto", "FedTGP", "FedPG")
 TABLE7_METHODS = ("SCAFFOLD", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedPG")
 TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
+# Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
+WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
@@ -172,8 +174,8 @@ def _exp(table, dataset, partition, clients, method, setup, note="", paper_table
                       note, table if paper_table is None else paper_table, PAPER_NAME.get(method, method),
                       note if paper_note is None else paper_note)
 
-def fedpg_experiments(tables=("5", "6", "7", "8", "10"), datasets=None, methods=None) -> list[Experiment]:
-    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these."
+def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd"), datasets=None, methods=None) -> list[Experiment]:
+    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell)."
     have = available_methods()
     keep = lambda ms: [m for m in ms if m in have and (methods is None or m in methods)]
     node = [d for d in (datasets or NODE_DATASETS) if d in NODE_DATASETS or d not in GRAPH_DATASETS]
@@ -195,10 +197,13 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10"), datasets=None, methods=
                 out += [_exp(tab, d, "dirichlet", 10, m, {**GRAPH_SETUP, "alpha": a}, note=f"alpha={a:g}")
                         for a in (0.3, 0.5, 1.0) for m in keep(TABLE89_METHODS)]
                 out += [_exp(tab, d, "iid", 10, m, GRAPH_SETUP, note="iid") for m in keep(TABLE89_METHODS)]
+        elif t == "5wd":    # a diagnosis, not a paper table: the same cells without weight decay, beside the paper's Table V
+            out += [_exp("5wd", d, "metis", 10, m, {**SUBGRAPH_SETUP, "weight_decay": 0.0}, note="weight_decay=0",
+                         paper_table="5", paper_note="") for d in node[:2] for m in keep(WEIGHT_DECAY_METHODS)]
         elif t == "10":
             out += [_exp("10", d, "metis", 10, m, SUBGRAPH_SETUP) for d in node[:1] for m in keep(TABLE10_METHODS)]
         else:
-            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10")
+            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd")
     seen, unique = set(), []
     for e in out:                                    # "8" and "9" both asked: each graph dataset once
         if (e.table, e.dataset, e.method, e.note) not in seen:
@@ -262,6 +267,21 @@ def load_results(path: str | Path | None = None) -> pd.DataFrame:
     if p is None: return pd.DataFrame()
     df = pd.read_csv(p, dtype={"table": str, "paper_table": str}, keep_default_na=False, na_values={"accuracy": [""]})
     return df[~df.quick.astype(str).eq("True")]
+
+# %% ../nbs/51_fedpg_results.ipynb #0f7356a4
+def weight_decay_effect(results: pd.DataFrame) -> pd.DataFrame:
+    "Per dataset and method of table `5wd`: accuracy (%) with the shared weight decay (Table V) and with 0, on the seeds both ran, the change, and the paper's Table V cell."
+    r = completed(results)
+    paper, rows = paper_numbers(), []
+    for (d, m), g in r[r.table == "5wd"].groupby(["dataset", "method"], sort=False):
+        base = r[(r.table == "5") & (r.dataset == d) & (r.method == m)]
+        seeds = sorted(set(g.seed) & set(base.seed))
+        if not seeds: continue
+        hit = paper[(paper.table == "5") & (paper.dataset == d) & (paper.method == m) & (paper.metric == "accuracy")]
+        with_wd, without = (100 * x[x.seed.isin(seeds)].accuracy.astype(float).mean() for x in (base, g))
+        rows.append(dict(dataset=d, method=m, seeds=len(seeds), weight_decay_5e4=with_wd, weight_decay_0=without,
+                         change=without - with_wd, paper=hit["mean"].iloc[0] if len(hit) else np.nan))
+    return pd.DataFrame(rows)
 
 # %% ../nbs/51_fedpg_results.ipynb #b4d7518d
 def upload_ratio(results: pd.DataFrame, table: str = "5", method: str = "FedPG", base: str = "FedAvg") -> pd.DataFrame:
