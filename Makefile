@@ -73,8 +73,8 @@ reproduce-fedgls: setup
 	$(BIN)/fglit reproduce fedgls --tables 2 3 ablation --jobs 2
 
 # GPFL's Table 2 at the issue's minimum, fold 0 x 3 repeats of every method in all 18 settings; it resumes
-# from results/gpfl/runs.csv, so only what is missing runs (96 runs of 1-3 CPU minutes were left on
-# 2026-11-22, all on NCI1). All five folds: add --folds 0 1 2 3 4. The figures' full-size calls are in 32_gpfl_analysis.
+# from results/gpfl/runs.csv, so only what is missing runs (nothing since 2026-11-22: all 594 runs are in).
+# All five folds: add --folds 0 1 2 3 4. The figures' full-size calls are in 32_gpfl_analysis.
 reproduce-gpfl: setup
 	$(BIN)/fglit reproduce gpfl --seeds 0 1 2 --folds 0 --jobs $(JOBS)
 
