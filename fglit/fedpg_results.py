@@ -272,15 +272,16 @@ def load_results(path: str | Path | None = None) -> pd.DataFrame:
 def weight_decay_effect(results: pd.DataFrame) -> pd.DataFrame:
     "Per dataset and method of table `5wd`: accuracy (%) with the shared weight decay (Table V) and with 0, on the seeds both ran, the change, and the paper's Table V cell."
     r = completed(results)
-    paper, rows = paper_numbers(), []
-    for (d, m), g in r[r.table == "5wd"].groupby(["dataset", "method"], sort=False):
+    wd = r[r.table == "5wd"]
+    if not len(wd): return pd.DataFrame()
+    paper, rows = side_by_side(wd).set_index(["dataset", "base_method"]).paper, []     # the paper's Table V cell, matched as everywhere
+    for (d, m), g in wd.groupby(["dataset", "method"], sort=False):
         base = r[(r.table == "5") & (r.dataset == d) & (r.method == m)]
         seeds = sorted(set(g.seed) & set(base.seed))
         if not seeds: continue
-        hit = paper[(paper.table == "5") & (paper.dataset == d) & (paper.method == m) & (paper.metric == "accuracy")]
         with_wd, without = (100 * x[x.seed.isin(seeds)].accuracy.astype(float).mean() for x in (base, g))
         rows.append(dict(dataset=d, method=m, seeds=len(seeds), weight_decay_5e4=with_wd, weight_decay_0=without,
-                         change=without - with_wd, paper=hit["mean"].iloc[0] if len(hit) else np.nan))
+                         change=without - with_wd, paper=paper.get((d, m), np.nan)))
     return pd.DataFrame(rows)
 
 # %% ../nbs/51_fedpg_results.ipynb #b4d7518d
