@@ -99,11 +99,13 @@ def cmd_run(args) -> int:
     settings = {**parse_settings(args.set), **privacy_settings(args)}
     try:
         if getattr(args, "backend", "inprocess") == "flower-sim":
+            if getattr(args, "pool", None):
+                raise UsageError("--pool trains one model on all the clients' nodes: it runs in process, not on Flower")
             result = run_on_flower(args, settings)
         else:
             result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False)
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None))
     except ConfigError as err:
         raise UsageError(str(err)) from None
     return print_result(result, args.json)
@@ -116,7 +118,8 @@ def print_result(result, as_json: bool = False) -> int:
         print(json.dumps(summary, default=float))
         return 0
     scores = result.scores()
-    print(f"{result.algorithm} on {result.dataset}: {result.partition} partition, {result.clients} clients, "
+    pooled = f" pooled into one client ({result.pool})" if getattr(result, "pool", None) else ""
+    print(f"{result.algorithm} on {result.dataset}: {result.partition} partition, {result.clients} clients{pooled}, "
           f"{summary['rounds']} rounds x {summary['local_epochs']} local epochs, model {summary['model']}, device {get_device()}")
     _print_table(scores.round(4), False)
     auc = f"AUC {format_mean_std(scores.auc)}   " if scores.auc.notna().any() else ""    # NaN: no test split with two classes
@@ -314,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--root", default=None)
+    p.add_argument("--pool", choices=("centralised", "pooled"),
+                   help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")
     p.add_argument("--backend", choices=("inprocess", "flower-sim"), default="inprocess",
                    help="inprocess: fglit's simulator; flower-sim: Flower's simulation engine (fglit.flower)")
     g = p.add_argument_group("privacy", "secure aggregation (fglit.secagg) and differential privacy (fglit.privacy)")

@@ -32,7 +32,7 @@ from .metrics import SELECTIONS, WEIGHTINGS, classification_scores, client_avera
 from .models import MODELS, build_model, knn_graph
 
 # %% auto #0
-__all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'encode_message', 'decode_message',
+__all__ = ['Message', 'SPLITS', 'ALGORITHMS', 'ALGORITHM_MODULES', 'SLOW_ROUND_S', 'POOLS', 'encode_message', 'decode_message',
            'message_nbytes', 'message_floats', 'ConfigError', 'FedConfig', 'make_config', 'Batch', 'PackedGraphs',
            'LocalData', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'mlp_spec',
            'client_spec', 'make_optimizer', 'Client', 'check_setup', 'ClientInfo', 'Server', 'NodeUnion', 'Algorithm',
@@ -717,6 +717,7 @@ class RunResult:
     partition_params: dict
     runs: list[SeedRun]
     commit: str | None = None
+    pool: str | None = None         # 'centralised' / 'pooled': one model on `Partition.union` (see `run`)
 
     @property
     def seeds(self) -> list[int]: return [r.seed for r in self.runs]
@@ -751,7 +752,7 @@ class RunResult:
                     floats_up=int(comm.loc[comm.direction == "up", "floats"].sum()) // n,
                     floats_down=int(comm.loc[comm.direction == "down", "floats"].sum()) // n,
                     wall_time_s=float(s["wall_time_s"].mean()), config=self.config,
-                    partition_params=self.partition_params, commit=self.commit,
+                    partition_params=self.partition_params, commit=self.commit, **({"pool": self.pool} if self.pool else {}),
                     per_client=per_client.to_dict(orient="records"),
                     **({"privacy": self.runs[0].privacy | ({"epsilon": max(r.privacy.get("epsilon", 0) for r in self.runs)} if "epsilon" in self.runs[0].privacy else {})}
                        if self.runs[0].privacy else {}))
@@ -794,10 +795,13 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
         raise ConfigError(str(err)) from None
     return config, {k: v for k, v in settings.items() if k in part_keys and k not in config_keys}
 
+POOLS = ("centralised", "pooled")   # one model on all the clients' nodes, with / without the edges the partition cut
+
 def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
-        settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`callback(round, server, clients)` after each aggregation)."
+        settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
+        pool: str | None = None) -> RunResult:
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`callback(round, server, clients)` after each aggregation; `pool`: one client holding every client's nodes, see `POOLS`)."
     from fglit.data import load_dataset
     from fglit.partition import canonical_method, partition as make_partition
     algo = get_algorithm(algorithm)
@@ -808,12 +812,17 @@ def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, 
         if value is not None:
             settings[key] = value
     config, part_params = resolve_run_config(algo, ds.name, ds.task, partition, settings)
+    if pool is not None and pool not in POOLS:
+        raise ConfigError(f"pool must be one of {', '.join(POOLS)} (or None: federate), got {pool!r}")
+    if pool is not None and ds.task != "node":
+        raise ConfigError(f"pool={pool!r} needs a node task; {ds.name}'s clients hold whole graphs, so pooling them cuts nothing")
     runs = []
     for seed in seeds:
         try:
             part = make_partition(ds, partition, clients, seed=seed, **part_params)
         except (TypeError, ValueError) as err:
             raise ConfigError(str(err).splitlines()[0]) from None
-        runs.append(simulate(algo, part.clients, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
+        data = part.clients if pool is None else [part.union(cut_edges=pool == "centralised")]
+        runs.append(simulate(algo, data, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
-    return RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, git_commit())
+    return RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, git_commit(), pool)

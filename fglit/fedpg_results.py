@@ -20,10 +20,10 @@ from .reproduction import Experiment, compare_with_paper, completed, format_side
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
-           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS', 'SUBGRAPH_SETUP',
-           'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods', 'fedpg_experiments',
-           'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side', 'efficiency_table', 'coverage',
-           'load_results', 'weight_decay_effect', 'upload_ratio']
+           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS',
+           'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods',
+           'fedpg_experiments', 'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side',
+           'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -145,6 +145,9 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "w/o-RF-context": ("fedpg", {"hops": 0}),
     "w/o-adaptive-margin": ("fedpg", {"eps": 0.0}),
     "w/o-personalisation": ("fedpg", {"glb_alpha": 1.0}),
+    "Local": ("standalone", {}),                            # references, not paper rows: each client alone,
+    "Pooled": ("standalone", {"pool": "pooled"}),           # one model on every client's nodes and edges,
+    "Centralised": ("standalone", {"pool": "centralised"}),  # the same with the edges the partition cut
 }
 MISSING_METHODS = ("FPL", "FedNH", "FGSSL", "FGGP", "FedDC", "FedKD", "FedGen", "FedDistill")
 PAPER_NAME = {"SCAFFOLD": "Scaffold"}       # Table VII prints Scaffold
@@ -157,6 +160,7 @@ TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
+REFERENCE_METHODS = ("Local", "Pooled", "Centralised")   # table `ref`: the floor and ceilings of Table V's partitions
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
 SUBGRAPH_SETUP = {"model": "gamlp"}
@@ -174,8 +178,8 @@ def _exp(table, dataset, partition, clients, method, setup, note="", paper_table
                       note, table if paper_table is None else paper_table, PAPER_NAME.get(method, method),
                       note if paper_note is None else paper_note)
 
-def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd"), datasets=None, methods=None) -> list[Experiment]:
-    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell)."
+def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref"), datasets=None, methods=None) -> list[Experiment]:
+    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell); `ref`: `REFERENCE_METHODS` on Table V's Cora/CiteSeer partitions (no paper cell)."
     have = available_methods()
     keep = lambda ms: [m for m in ms if m in have and (methods is None or m in methods)]
     node = [d for d in (datasets or NODE_DATASETS) if d in NODE_DATASETS or d not in GRAPH_DATASETS]
@@ -202,8 +206,10 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd"), datasets=None, m
                          paper_table="5", paper_note="") for d in node[:2] for m in keep(WEIGHT_DECAY_METHODS)]
         elif t == "10":
             out += [_exp("10", d, "metis", 10, m, SUBGRAPH_SETUP) for d in node[:1] for m in keep(TABLE10_METHODS)]
+        elif t == "ref":    # not a paper table: local training, and one model on all the clients' nodes (Partition.union)
+            out += [_exp("ref", d, "metis", 10, m, SUBGRAPH_SETUP, paper_table="") for d in node[:2] for m in keep(REFERENCE_METHODS)]
         else:
-            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd")
+            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd ref")
     seen, unique = set(), []
     for e in out:                                    # "8" and "9" both asked: each graph dataset once
         if (e.table, e.dataset, e.method, e.note) not in seen:
@@ -227,11 +233,12 @@ def run_fedpg_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
     "One run of the grid as a result row (`quick`: 3 rounds, 1 local epoch)."
     rounds, epochs = (QUICK_ROUNDS, 1) if quick else (exp.rounds, exp.local_epochs)
     settings, counted = json.loads(exp.settings), {}
+    pool = settings.pop("pool", None)             # table `ref`: one client holding every client's nodes
     def count(rnd, server, clients):
         if not counted: counted["params"] = parameter_count(server, clients)
     t0 = time.perf_counter()
     res = run(exp.algorithm, exp.dataset, exp.partition, exp.clients, rounds=rounds, local_epochs=epochs, seeds=[seed],
-              settings=settings, progress=False, callback=count)
+              settings=settings, progress=False, callback=count, pool=pool)
     wall, s = time.perf_counter() - t0, res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], auc=s["auc_mean"],
                 bytes_up=s["bytes_up"],

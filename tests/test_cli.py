@@ -185,3 +185,19 @@ def test_reproduce_fedpg_figures_quick(shared_root, tmp_path):
     bad = fglit("reproduce", "fedpg-figures", "--tables", "fig2", "--quick", "--out", str(tmp_path / "x.csv"))
     assert bad.returncode == 2 and "unknown figure" in bad.stderr
     assert fglit("reproduce", "fedpg-figures", "--methods", "FedPG", "--quick", "--out", str(tmp_path / "y.csv")).returncode == 2
+
+
+def test_run_pool_trains_one_model_on_every_clients_nodes(shared_root):
+    base = ["run", "standalone", "--dataset", "Cora", "--partition", "metis", "--clients", "3", "--rounds", "1",
+            "--local-epochs", "1", "--quiet"]
+    out = fglit(*base, "--pool", "centralised", "--json")
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["pool"] == "centralised" and len(s["per_client"]) == 1
+    fed = json.loads(fglit(*base, "--json").stdout)
+    assert "pool" not in fed and len(fed["per_client"]) == 3
+    assert s["per_client"][0]["n"] == sum(c["n"] for c in fed["per_client"])       # the same test nodes, in one client
+    text = fglit(*base, "--pool", "pooled")
+    assert text.returncode == 0 and "3 clients pooled into one client (pooled)" in text.stdout
+    bad = fglit(*base, "--pool", "centralised", "--backend", "flower-sim")
+    assert bad.returncode == 2 and "--pool" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

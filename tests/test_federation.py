@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from fglit.core import cpu_threads, get_device, seed_everything
 from fglit.data import load_dataset
-from fglit.federation import (ConfigError, FedConfig, decode_message, encode_message, flat_state, get_algorithm,
+from fglit.federation import (POOLS, ConfigError, FedConfig, decode_message, encode_message, flat_state, get_algorithm,
                               make_config, make_optimizer, message_floats, message_nbytes, round_seed, run, simulate, weighted_mean)
 from fglit.models import build_model
 
@@ -379,3 +380,29 @@ def test_every_algorithm_refuses_what_its_config_declares():
                 make_config(algo.config, {"graphless_model": "mlp"})
         elif name != "fedgls":            # FedGLS refuses graphless_model for its own reason (tests/test_fedgls.py)
             assert make_config(algo.config, {"graphless_model": "mlp"}).graphless_model == "mlp"
+
+
+def test_pool_one_client_views(cora):
+    # one METIS part cuts no edge: both pooled views are the plain one-client run, to the last digit
+    kw = dict(rounds=2, local_epochs=1, seeds=[0], progress=False)
+    plain = run("standalone", cora, "metis", 1, **kw).scores()
+    for pool in POOLS:
+        r = run("standalone", cora, "metis", 1, pool=pool, **kw)
+        assert r.pool == pool and r.summary()["pool"] == pool
+        pd.testing.assert_frame_equal(r.scores().drop(columns="wall_time_s"), plain.drop(columns="wall_time_s"))
+    # four parts: one client holding every client's test nodes
+    four = run("standalone", cora, "metis", 4, **kw)
+    central = run("standalone", cora, "metis", 4, pool="centralised", **kw)
+    assert "pool" not in four.summary()
+    pc, total = central.per_client(), four.per_client().n.sum()
+    assert len(pc) == 1 and pc.n.iloc[0] == total
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(pool="everything"), "pool must be one of centralised, pooled"),
+    (dict(pool="pooled", dataset="MUTAG"), "needs a node task"),
+])
+def test_pool_bad_input(kwargs, message, cora, shared_root):
+    ds = load_dataset(kwargs.pop("dataset"), shared_root) if "dataset" in kwargs else cora
+    with pytest.raises(ConfigError, match=message):
+        run("standalone", ds, "metis" if ds.task == "node" else "iid", 2, rounds=1, local_epochs=1, progress=False, **kwargs)
