@@ -23,7 +23,8 @@ __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6
            'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS',
            'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods',
            'fedpg_experiments', 'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side',
-           'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'upload_ratio']
+           'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels', 'gap_recovered',
+           'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -179,7 +180,7 @@ def _exp(table, dataset, partition, clients, method, setup, note="", paper_table
                       note if paper_note is None else paper_note)
 
 def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref"), datasets=None, methods=None) -> list[Experiment]:
-    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell); `ref`: `REFERENCE_METHODS` on Table V's Cora/CiteSeer partitions (no paper cell)."
+    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell); `ref`: `REFERENCE_METHODS` on Table V's Cora/CiteSeer partitions and local training on the iid cells of Tables VIII/IX (no paper cell)."
     have = available_methods()
     keep = lambda ms: [m for m in ms if m in have and (methods is None or m in methods)]
     node = [d for d in (datasets or NODE_DATASETS) if d in NODE_DATASETS or d not in GRAPH_DATASETS]
@@ -208,6 +209,8 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref"), datasets=
             out += [_exp("10", d, "metis", 10, m, SUBGRAPH_SETUP) for d in node[:1] for m in keep(TABLE10_METHODS)]
         elif t == "ref":    # not a paper table: local training, and one model on all the clients' nodes (Partition.union)
             out += [_exp("ref", d, "metis", 10, m, SUBGRAPH_SETUP, paper_table="") for d in node[:2] for m in keep(REFERENCE_METHODS)]
+            out += [_exp("ref", d, "iid", 10, m, GRAPH_SETUP, note="iid", paper_table="") for d in graph[:3]
+                    for m in keep(("Local",))]        # graph-FL: clients hold whole graphs, nothing to pool but the data
         else:
             raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd ref")
     seen, unique = set(), []
@@ -289,6 +292,32 @@ def weight_decay_effect(results: pd.DataFrame) -> pd.DataFrame:
         with_wd, without = (100 * x[x.seed.isin(seeds)].accuracy.astype(float).mean() for x in (base, g))
         rows.append(dict(dataset=d, method=m, seeds=len(seeds), weight_decay_5e4=with_wd, weight_decay_0=without,
                          change=without - with_wd, paper=paper.get((d, m), np.nan)))
+    return pd.DataFrame(rows)
+
+# %% ../nbs/51_fedpg_results.ipynb #b8372d8e
+def reference_levels(results: pd.DataFrame, methods=("FedAvg", "FedProto", "FedTGP", "FedPG")) -> pd.DataFrame:
+    "Per dataset of table `ref`: `REFERENCE_METHODS` and Table V's `methods` on the seeds every one of them ran (percent: mean, std over seeds) with the paper's cell where it has one."
+    r = completed(results)
+    order = list(REFERENCE_METHODS) + list(methods)
+    out = []
+    for d, g in r[r.table == "ref"].groupby("dataset", sort=False):
+        rows = pd.concat([g[g.method.isin(REFERENCE_METHODS)], r[(r.table == "5") & (r.dataset == d) & r.method.isin(methods)]])
+        seeds = set.intersection(*(set(x.seed) for _, x in rows.groupby("method")))
+        if not seeds or rows.method.nunique() < len(order): continue
+        side = side_by_side(rows[rows.seed.isin(seeds)]).rename(columns={"base_method": "which"})
+        side = side.assign(order=side.which.map(order.index)).sort_values("order")
+        out.append(side[["dataset", "which", "seeds", "ours", "ours_std", "paper"]])
+    return pd.concat(out, ignore_index=True).rename(columns={"which": "method"}) if out else pd.DataFrame()
+
+def gap_recovered(levels: pd.DataFrame) -> pd.DataFrame:
+    "Where each number of `reference_levels` lands on the scale local training = 0, centralised = 1 (ours, and the paper's cell read on our scale)."
+    rows = []
+    for d, g in levels.groupby("dataset", sort=False):
+        v = g.set_index("method")
+        local, central = v.ours["Local"], v.ours["Centralised"]
+        for m, x in v.iterrows():
+            rows.append(dict(dataset=d, method=m, ours=(x.ours - local) / (central - local),
+                             paper=(x.paper - local) / (central - local)))
     return pd.DataFrame(rows)
 
 # %% ../nbs/51_fedpg_results.ipynb #b4d7518d
