@@ -20,11 +20,11 @@ from .reproduction import Experiment, compare_with_paper, completed, format_side
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
-           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'NODE_DATASETS', 'GRAPH_DATASETS',
-           'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods',
-           'fedpg_experiments', 'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side',
-           'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels', 'gap_recovered',
-           'upload_ratio']
+           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'GRAPH_DIAGNOSIS_METHODS', 'NODE_DATASETS',
+           'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers',
+           'available_methods', 'fedpg_experiments', 'parameter_count', 'run_fedpg_experiment', 'reproduce',
+           'side_by_side', 'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels',
+           'gap_recovered', 'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -146,6 +146,11 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "w/o-RF-context": ("fedpg", {"hops": 0}),
     "w/o-adaptive-margin": ("fedpg", {"eps": 0.0}),
     "w/o-personalisation": ("fedpg", {"glb_alpha": 1.0}),
+    "FedPG mu=0": ("fedpg", {"mu": 0.0}),                  # table 8diag: FedPG's graph-FL variant taken apart
+    "FedPG mu=0.1": ("fedpg", {"mu": 0.1}),
+    "FedPG no pseudo-labels": ("fedpg", {"pseudo_labels": False}),
+    "FedPG euclidean": ("fedpg", {"align": "euclidean"}),
+    "FedPG train-mode alignment": ("fedpg", {"align_eval_mode": False}),
     "Local": ("standalone", {}),                            # references, not paper rows: each client alone,
     "Pooled": ("standalone", {"pool": "pooled"}),           # one model on every client's nodes and edges,
     "Centralised": ("standalone", {"pool": "centralised"}),  # the same with the edges the partition cut
@@ -161,7 +166,9 @@ TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
-REFERENCE_METHODS = ("Local", "Pooled", "Centralised")   # table `ref`: the floor and ceilings of Table V's partitions
+REFERENCE_METHODS = ("Local", "Pooled", "Centralised")
+GRAPH_DIAGNOSIS_METHODS = ("FedPG mu=0", "FedPG mu=0.1", "FedPG no pseudo-labels", "FedPG euclidean",
+                           "FedPG train-mode alignment", "w/o-RF-context")    # table 8diag: iid NCI1   # table `ref`: the floor and ceilings of Table V's partitions
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
 SUBGRAPH_SETUP = {"model": "gamlp"}
@@ -179,8 +186,8 @@ def _exp(table, dataset, partition, clients, method, setup, note="", paper_table
                       note, table if paper_table is None else paper_table, PAPER_NAME.get(method, method),
                       note if paper_note is None else paper_note)
 
-def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref"), datasets=None, methods=None) -> list[Experiment]:
-    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell); `ref`: `REFERENCE_METHODS` on Table V's Cora/CiteSeer partitions and local training on the iid cells of Tables VIII/IX (no paper cell)."
+def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref", "8diag"), datasets=None, methods=None) -> list[Experiment]:
+    "The reproduction grid of FedPG's tables on `datasets` (default: the offline ones each table takes); `methods`: only these. `5wd`: Table V's Cora/CiteSeer cells of `WEIGHT_DECAY_METHODS` with weight decay 0 (matched to the paper's Table V cell); `ref`: `REFERENCE_METHODS` on Table V's Cora/CiteSeer partitions and local training on the iid cells of Tables VIII/IX (no paper cell); `8diag`: FedPG's graph-FL variant with one part changed, on iid NCI1 (`GRAPH_DIAGNOSIS_METHODS`)."
     have = available_methods()
     keep = lambda ms: [m for m in ms if m in have and (methods is None or m in methods)]
     node = [d for d in (datasets or NODE_DATASETS) if d in NODE_DATASETS or d not in GRAPH_DATASETS]
@@ -211,8 +218,11 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref"), datasets=
             out += [_exp("ref", d, "metis", 10, m, SUBGRAPH_SETUP, paper_table="") for d in node[:2] for m in keep(REFERENCE_METHODS)]
             out += [_exp("ref", d, "iid", 10, m, GRAPH_SETUP, note="iid", paper_table="") for d in graph[:3]
                     for m in keep(("Local",))]        # graph-FL: clients hold whole graphs, nothing to pool but the data
+        elif t == "8diag":  # not a paper table: where FedPG's graph-FL variant loses to local training
+            out += [_exp("8diag", d, "iid", 10, m, GRAPH_SETUP, note="iid", paper_table="") for d in graph[:1]
+                    for m in keep(GRAPH_DIAGNOSIS_METHODS)]
         else:
-            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd ref")
+            raise ValueError(f"unknown table {t!r}; known: 5 6 7 8 (with 9) 10 5wd ref 8diag")
     seen, unique = set(), []
     for e in out:                                    # "8" and "9" both asked: each graph dataset once
         if (e.table, e.dataset, e.method, e.note) not in seen:
