@@ -148,6 +148,7 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "w/o-personalisation": ("fedpg", {"glb_alpha": 1.0}),
     "FedPG mu=0": ("fedpg", {"mu": 0.0}),                  # table 8diag: FedPG's graph-FL variant taken apart
     "FedPG mu=0.1": ("fedpg", {"mu": 0.1}),
+    "FedPG mu=0.01": ("fedpg", {"mu": 0.01}),
     "FedPG no pseudo-labels": ("fedpg", {"pseudo_labels": False}),
     "FedPG euclidean": ("fedpg", {"align": "euclidean"}),
     "FedPG train-mode alignment": ("fedpg", {"align_eval_mode": False}),
@@ -167,7 +168,7 @@ TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
 REFERENCE_METHODS = ("Local", "Pooled", "Centralised")
-GRAPH_DIAGNOSIS_METHODS = ("FedPG mu=0", "FedPG mu=0.1", "FedPG no pseudo-labels", "FedPG euclidean",
+GRAPH_DIAGNOSIS_METHODS = ("FedPG mu=0", "FedPG mu=0.01", "FedPG mu=0.1", "FedPG no pseudo-labels", "FedPG euclidean",
                            "FedPG train-mode alignment", "w/o-RF-context")    # table 8diag: iid NCI1   # table `ref`: the floor and ceilings of Table V's partitions
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
