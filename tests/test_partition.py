@@ -400,3 +400,28 @@ def test_partition_method_aliases():
     assert canonical_method("metis-plus") == "metis+" and canonical_method("two-group") == "two_group"
     assert all(canonical_method(m) == m for m in PARTITIONERS)      # canonical names map to themselves
     assert canonical_method("nonsense") == "nonsense"                # unknown names are left for the caller's error
+
+
+# ---------------------------------------------------------------- one graph from all the clients (Partition.union)
+@pytest.mark.parametrize("case", list(NODE_CASES))
+@SETTINGS
+@given(data=node_graphs, k=st.integers(2, 4), seed=st.integers(0, 1000), ratio=st.sampled_from([0.0, 0.5]))
+def test_union_is_the_clients_together(case, data, k, seed, ratio):
+    method, kw, _ = NODE_CASES[case]
+    p = run_or_reject(lambda: partition(data, method, k, seed=seed, cache=False, graphless_ratio=ratio, **kw))
+    full, pooled = p.union(), p.union(cut_edges=False)
+    a, gid = p.assignment, full.global_id
+    assert torch.equal(gid, torch.nonzero(a >= 0).view(-1)) and torch.equal(pooled.global_id, gid)
+    for view in (full, pooled):
+        assert torch.equal(view.x, data.x[gid]) and torch.equal(view.y, data.y[gid])
+        codes = p.split_codes[gid]
+        assert torch.equal(view.train_mask, codes == 0) and torch.equal(view.val_mask, codes == 1) and torch.equal(view.test_mask, codes == 2)
+    # centralised: every edge of the graph between two covered nodes, in global ids
+    ei = data.edge_index
+    among = ei[:, (a[ei[0]] >= 0) & (a[ei[1]] >= 0)]
+    assert torch.equal(gid[full.edge_index], among)
+    # pooled: exactly the edges the clients hold (graphless clients hold none), in global ids
+    held = torch.cat([c.global_id[c.edge_index] for c in p.clients], 1)
+    as_set = lambda e: set(map(tuple, e.t().tolist()))
+    assert as_set(gid[pooled.edge_index]) == as_set(held) and pooled.edge_index.size(1) == held.size(1)
+    assert as_set(held) <= as_set(among)
