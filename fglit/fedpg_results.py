@@ -152,6 +152,8 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "FedPG no pseudo-labels": ("fedpg", {"pseudo_labels": False}),
     "FedPG euclidean": ("fedpg", {"align": "euclidean"}),
     "FedPG train-mode alignment": ("fedpg", {"align_eval_mode": False}),
+    "FedPG SGD": ("fedpg", {"optimizer": "sgd", "lr": 0.05}),          # plain SGD instead of Adam, with and
+    "FedPG mu=0 SGD": ("fedpg", {"optimizer": "sgd", "lr": 0.05, "mu": 0.0}),   # without the alignment
     "Local": ("standalone", {}),                            # references, not paper rows: each client alone,
     "Pooled": ("standalone", {"pool": "pooled"}),           # one model on every client's nodes and edges,
     "Centralised": ("standalone", {"pool": "centralised"}),  # the same with the edges the partition cut
@@ -169,7 +171,7 @@ WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedP
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
 REFERENCE_METHODS = ("Local", "Pooled", "Centralised")
 GRAPH_DIAGNOSIS_METHODS = ("FedPG mu=0", "FedPG mu=0.01", "FedPG mu=0.1", "FedPG no pseudo-labels", "FedPG euclidean",
-                           "FedPG train-mode alignment", "w/o-RF-context")    # table 8diag: iid NCI1   # table `ref`: the floor and ceilings of Table V's partitions
+                           "FedPG train-mode alignment", "w/o-RF-context", "FedPG SGD", "FedPG mu=0 SGD")    # table 8diag: iid NCI1   # table `ref`: the floor and ceilings of Table V's partitions
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
 SUBGRAPH_SETUP = {"model": "gamlp"}
