@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--root", default=None)
-    p.add_argument("--pool", choices=("centralised", "pooled"),
+    from fglit.federation import POOLS            # already imported by _algorithm_names above
+    p.add_argument("--pool", choices=POOLS,
                    help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")
     p.add_argument("--backend", choices=("inprocess", "flower-sim"), default="inprocess",
                    help="inprocess: fglit's simulator; flower-sim: Flower's simulation engine (fglit.flower)")

@@ -169,9 +169,9 @@ TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
-REFERENCE_METHODS = ("Local", "Pooled", "Centralised")
+REFERENCE_METHODS = ("Local", "Pooled", "Centralised")   # table `ref`: the floor and ceilings of Table V's partitions
 GRAPH_DIAGNOSIS_METHODS = ("FedPG mu=0", "FedPG mu=0.01", "FedPG mu=0.1", "FedPG no pseudo-labels", "FedPG euclidean",
-                           "FedPG train-mode alignment", "w/o-RF-context", "FedPG SGD", "FedPG mu=0 SGD")    # table 8diag: iid NCI1   # table `ref`: the floor and ceilings of Table V's partitions
+                           "FedPG train-mode alignment", "w/o-RF-context", "FedPG SGD", "FedPG mu=0 SGD")    # table 8diag: iid NCI1
 NODE_DATASETS = ("Cora", "CiteSeer", "Photo")
 GRAPH_DATASETS = ("NCI1", "PROTEINS", "IMDB-BINARY", "COLLAB")
 SUBGRAPH_SETUP = {"model": "gamlp"}

@@ -557,7 +557,7 @@ class Partition:
         return np.bincount(a[sel] * self.num_classes + y[sel], minlength=self.num_clients * self.num_classes).reshape(self.num_clients, self.num_classes)
 
     def union(self, cut_edges: bool = True) -> Data:
-        "A node partition's clients as one graph (global node ids, each node's split as masks): with the edges the partition cut (`cut_edges`, centralised training) or only those the clients hold (pooled)."
+        "A node partition's clients as one graph (global node ids, each node's split as masks, edge attributes kept): with the edges the partition cut (`cut_edges`, centralised training) or only those the clients hold (pooled)."
         if self.task != "node":
             raise ValueError("union: only a node-task partition has edges to cut; a graph-level partition's clients pooled are its graphs")
         g, assign = self._source.data, self.assignment
@@ -566,7 +566,7 @@ class Partition:
         keep = (assign[ei[0]] >= 0) & (assign[ei[1]] >= 0)
         if not cut_edges:
             own = assign[ei[0]] == assign[ei[1]]
-            graphless = torch.zeros(self.num_clients + 1, dtype=torch.bool)
+            graphless = torch.zeros(self.num_clients + 1, dtype=torch.bool)     # slot -1: nodes no client holds
             graphless[torch.tensor(self.graphless, dtype=torch.long)] = True
             keep &= own & ~graphless[assign[ei[0]]]
         local = torch.full((len(assign),), -1, dtype=torch.long)
@@ -574,6 +574,8 @@ class Partition:
         codes = self.split_codes[nodes]
         out = Data(x=g.x[nodes] if g.x is not None else None, y=g.y.view(-1)[nodes], edge_index=local[ei[:, keep]],
                    global_id=nodes, num_nodes=len(nodes), train_mask=codes == 0, val_mask=codes == 1, test_mask=codes == 2)
+        if getattr(g, "edge_attr", None) is not None:
+            out.edge_attr = g.edge_attr[keep]
         out.graphless = False
         return out
 
