@@ -317,10 +317,10 @@ def reference_levels(results: pd.DataFrame, methods=("FedAvg", "FedProto", "FedT
         rows = pd.concat([g[g.method.isin(REFERENCE_METHODS)], r[(r.table == "5") & (r.dataset == d) & r.method.isin(methods)]])
         seeds = set.intersection(*(set(x.seed) for _, x in rows.groupby("method")))
         if not seeds or rows.method.nunique() < len(order): continue
-        side = side_by_side(rows[rows.seed.isin(seeds)]).rename(columns={"base_method": "which"})
-        side = side.assign(order=side.which.map(order.index)).sort_values("order")
-        out.append(side[["dataset", "which", "seeds", "ours", "ours_std", "paper"]])
-    return pd.concat(out, ignore_index=True).rename(columns={"which": "method"}) if out else pd.DataFrame()
+        side = side_by_side(rows[rows.seed.isin(seeds)])
+        side = side.assign(method=side.base_method, order=side.base_method.map(order.index)).sort_values("order")
+        out.append(side[["dataset", "method", "seeds", "ours", "ours_std", "paper"]])
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 def gap_recovered(levels: pd.DataFrame) -> pd.DataFrame:
     "Where each number of `reference_levels` lands on the scale local training = 0, centralised = 1 (ours, and the paper's cell read on our scale)."
