@@ -20,9 +20,9 @@ class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['PRIVACY_FLAGS', 'REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings', 'cmd_partition', 'privacy_settings',
-           'run_on_flower', 'cmd_run', 'print_result', 'cmd_demo', 'cmd_reproduce', 'cmd_flower_app',
-           'cmd_flower_local', 'build_parser', 'main']
+__all__ = ['DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings',
+           'partitions_from_files', 'cmd_partition', 'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result',
+           'cmd_demo', 'cmd_reproduce', 'cmd_flower_app', 'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -59,18 +59,46 @@ def parse_settings(pairs: list[str] | None) -> dict:
             out[key.strip()] = value
     return out
 
-def cmd_partition(args) -> int:
-    "Partition a dataset and print the per-client report."
-    from fglit.partition import partition, partition_report, report_records
+class _DefaultName(str):
+    "A default that a command can tell from the same value typed by the user (`args.partition is DEFAULT_PARTITION`)."
+
+DEFAULT_PARTITION = _DefaultName("louvain")
+
+def partitions_from_files(args) -> list:
+    "`--partition-file FILE [FILE ...]`: one partition for every seed, or one per seed; `--partition`, when typed, names the partitioner they stand for."
+    from fglit.partition import load_partition_file
+    files = args.partition_file
+    if len(files) not in (1, len(args.seeds)):
+        raise UsageError(f"--partition-file: give one file, or one per seed ({len(args.seeds)} seeds), got {len(files)}")
+    like = None if getattr(args, "partition", DEFAULT_PARTITION) is DEFAULT_PARTITION else args.partition
     ds = load_dataset(args.dataset, args.root)
     try:
-        part = partition(ds, args.method, args.clients, seed=args.seed, **parse_settings(args.set))
+        return [load_partition_file(ds, f, like=like) for f in files]
+    except ValueError as err:
+        raise UsageError(str(err).splitlines()[0]) from None
+
+def cmd_partition(args) -> int:
+    "Partition a dataset (or read a partition file) and print the per-client report; `--save FILE` writes it out."
+    from fglit.partition import load_partition_file, partition, partition_report, report_records, save_partition_file
+    if (args.method is None) == (args.file is None):
+        raise UsageError("partition: give --method (with --clients) to make a partition, or --file to read one")
+    if args.method is not None and args.clients is None:
+        raise UsageError("partition: --method needs --clients")
+    ds = load_dataset(args.dataset, args.root)
+    try:
+        if args.file is not None:
+            part = load_partition_file(ds, args.file)
+        else:
+            part = partition(ds, args.method, args.clients, seed=args.seed, **parse_settings(args.set))
+        if args.save:
+            save_partition_file(part, args.save)
     except (ValueError, TypeError) as err:
         raise UsageError(str(err).splitlines()[0]) from None
     if args.json:
         print(json.dumps(report_records(part), indent=1, default=float))
     else:
-        print(f"{ds.name}: {args.method}, {args.clients} clients, seed {args.seed}")
+        what = f"file {args.file}" if args.file else f"{args.method}, seed {args.seed}"
+        print(f"{ds.name}: {what}, {part.num_clients} clients" + (f" (written to {args.save})" if args.save else ""))
         _print_table(partition_report(part), False)
     return 0
 
@@ -99,9 +127,15 @@ def cmd_run(args) -> int:
     settings = {**parse_settings(args.set), **privacy_settings(args)}
     try:
         if getattr(args, "backend", "inprocess") == "flower-sim":
+            if getattr(args, "partition_file", None):
+                raise UsageError("--partition-file runs in process; the Flower backend builds its partitions on the clients' side")
             if getattr(args, "pool", None):
                 raise UsageError("--pool trains one model on all the clients' nodes: it runs in process, not on Flower")
             result = run_on_flower(args, settings)
+        elif getattr(args, "partition_file", None):
+            result = run(args.algorithm, args.dataset, partitions_from_files(args), rounds=args.rounds,
+                         local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None))
         else:
             result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
@@ -283,7 +317,7 @@ def _add_run_arguments(p, algorithms: list[str]) -> None:
     "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
     p.add_argument("algorithm", help=", ".join(algorithms))
     p.add_argument("--dataset", required=True)
-    p.add_argument("--partition", default="louvain", help=_partition_help())
+    p.add_argument("--partition", default=DEFAULT_PARTITION, help=_partition_help())
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
     p.add_argument("--local-epochs", type=int, dest="local_epochs")
@@ -303,8 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_datasets)
     p = sub.add_parser("partition", help="partition a dataset into clients and print the per-client report")
     p.add_argument("--dataset", required=True)
-    p.add_argument("--method", required=True, help=_partition_help())
-    p.add_argument("--clients", type=int, required=True)
+    p.add_argument("--method", help=_partition_help())
+    p.add_argument("--clients", type=int)
+    p.add_argument("--file", help="read a partition file (.npz / .json, see fglit.partition.load_partition_file) instead of making one")
+    p.add_argument("--save", metavar="FILE", help="write the partition to FILE (.npz or .json), for another tool or --partition-file")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="partitioner options, e.g. alpha=0.5 graphless_ratio=0.5")
     p.add_argument("--json", action="store_true", help="print a JSON list of per-client objects")
@@ -313,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="a federated run of an algorithm (the main job)")
     _add_run_arguments(p, _algorithm_names())
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--partition-file", nargs="+", metavar="FILE", dest="partition_file",
+                   help="run on a partition read from FILE (.npz/.json; one for all seeds or one per seed) instead of making one; "
+                        "--partition then names the partitioner it stands for (the algorithm's defaults), else the file's `like`")
     p.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, e.g. lr=0.005 mode=pack")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -768,6 +768,8 @@ class RunResult:
 def _partition_keywords(method: str) -> list[str]:
     from fglit.partition import PARTITIONERS, canonical_method
     method = canonical_method(method)
+    if method == "file":                 # a partition brought in (`load_partition_file`): nothing to set
+        return []
     if method not in PARTITIONERS:
         raise ConfigError(f"unknown partition method {method!r}; allowed: {', '.join(PARTITIONERS)}")
     sig = inspect.signature(PARTITIONERS[method])
@@ -797,32 +799,66 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
 
 POOLS = ("centralised", "pooled")   # one model on all the clients' nodes, with / without the edges the partition cut
 
-def run(algorithm: str, dataset, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
+def _given_partitions(partition, seeds: list, ds) -> list | None:
+    "The partitions a run was handed (one `Partition` for every seed, or one per seed), checked against the dataset; None for a partitioner's name."
+    from fglit.partition import Partition, _as_source
+    if isinstance(partition, str):
+        return None
+    given = [partition] if isinstance(partition, Partition) else list(partition)
+    if not given or not all(isinstance(p, Partition) for p in given):
+        raise ConfigError(f"partition must be a partitioner's name, a Partition or a list of them (one per seed), got {type(partition).__name__}")
+    if len(given) == 1:
+        given = given * len(seeds)
+    if len(given) != len(seeds):
+        raise ConfigError(f"{len(given)} partitions for {len(seeds)} seeds: give one partition, or one per seed")
+    fingerprint = _as_source(ds).fingerprint
+    for p in given:
+        if p.fingerprint != fingerprint or p.task != ds.task:
+            raise ConfigError(f"a partition of {p.dataset_name} ({p.num_items} {'nodes' if p.task == 'node' else 'graphs'}) "
+                              f"cannot run on {ds.name}: it was made for another dataset")
+    if len({p.num_clients for p in given}) > 1:
+        raise ConfigError(f"the partitions have different numbers of clients ({sorted({p.num_clients for p in given})}); one run has one K")
+    return given
+
+def run(algorithm: str, dataset, partition="louvain", clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
         pool: str | None = None) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`callback(round, server, clients)` after each aggregation; `pool`: one client holding every client's nodes, see `POOLS`)."
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients)` after each aggregation; `pool`: one client holding every client's nodes, see `POOLS`)."
     from fglit.data import load_dataset
     from fglit.partition import canonical_method, partition as make_partition
     algo = get_algorithm(algorithm)
-    partition = canonical_method(partition)
     ds = load_dataset(dataset, root) if isinstance(dataset, str) else dataset
+    seeds = list(seeds)
+    given = _given_partitions(partition, seeds, ds)
+    if given is not None:       # a partition brought in: its K; the partitioner it stands for picks the defaults
+        clients, partition = given[0].num_clients, given[0].method
+        defaults_from = given[0].info.get("like") or partition
+    else:
+        partition = defaults_from = canonical_method(partition)
     settings = dict(settings or {})
     for key, value in (("rounds", rounds), ("local_epochs", local_epochs), ("model", model)):
         if value is not None:
             settings[key] = value
-    config, part_params = resolve_run_config(algo, ds.name, ds.task, partition, settings)
+    config, part_params = resolve_run_config(algo, ds.name, ds.task, defaults_from, settings)
+    if given is not None and part_params:
+        raise ConfigError(f"partition settings {sorted(part_params)} cannot change a partition that was given")
     if pool is not None and pool not in POOLS:
         raise ConfigError(f"pool must be one of {', '.join(POOLS)} (or None: federate), got {pool!r}")
     if pool is not None and ds.task != "node":
         raise ConfigError(f"pool={pool!r} needs a node task; {ds.name}'s clients hold whole graphs, so pooling them cuts nothing")
     runs = []
-    for seed in seeds:
-        try:
-            part = make_partition(ds, partition, clients, seed=seed, **part_params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(str(err).splitlines()[0]) from None
+    for i, seed in enumerate(seeds):
+        if given is not None:
+            part = given[i]
+        else:
+            try:
+                part = make_partition(ds, partition, clients, seed=seed, **part_params)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(str(err).splitlines()[0]) from None
         data = part.clients if pool is None else [part.union(cut_edges=pool == "centralised")]
         runs.append(simulate(algo, data, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
+    if given is not None:
+        part_params = dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
     return RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, git_commit(), pool)

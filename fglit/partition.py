@@ -28,11 +28,12 @@ from .core import cache_dir
 
 # %% auto #0
 __all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'NODE_METHODS', 'GRAPH_METHODS', 'PARTITIONERS', 'CACHE_FORMAT', 'CACHE_VERSION',
-           'PARTITION_ALIASES', 'FEDGLS_TABLE4', 'resolve_split', 'louvain_labels', 'metis_labels', 'GraphClient',
-           'Partition', 'louvain', 'community_graph', 'louvain_plus', 'metis_plus', 'metis', 'dirichlet',
-           'soft_dirichlet', 'two_group', 'iid', 'partition_key', 'partition_path', 'canonical_method', 'partition',
-           'partition_report', 'report_records', 'plot_label_heatmap', 'plot_client_sizes', 'plot_partition',
-           'fedgls_table4']
+           'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT', 'PARTITION_FILE_VERSION', 'FEDGLS_TABLE4', 'resolve_split',
+           'louvain_labels', 'metis_labels', 'GraphClient', 'Partition', 'louvain', 'community_graph', 'louvain_plus',
+           'metis_plus', 'metis', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid', 'partition_key', 'partition_path',
+           'canonical_method', 'partition', 'PartitionFileError', 'from_assignment', 'load_partition_file',
+           'save_partition_file', 'partition_report', 'report_records', 'plot_label_heatmap', 'plot_client_sizes',
+           'plot_partition', 'fedgls_table4']
 
 # %% ../nbs/01_partition.ipynb #e3e39467
 @dataclass(eq=False)
@@ -979,6 +980,162 @@ def partition(dataset, method: str, num_clients: int, seed: int = 0, *, cache: b
     p.params, p.key = norm, key
     _save_cached(path, key, p)
     return p
+
+# %% ../nbs/01_partition.ipynb #5a1596cf
+PARTITION_FILE_FORMAT, PARTITION_FILE_VERSION = "fglit.partition-file", 1
+_SPLITS = ("train", "val", "test")
+
+class PartitionFileError(ValueError):
+    "A partition file (or an explicit assignment) that fglit cannot use; the message says what and where."
+
+def _split_mask(value, name: str, n: int, unit: str, where: str) -> np.ndarray:
+    "A split given as a boolean mask over all items or as a list of item ids, as a boolean mask."
+    if value is None:
+        return np.zeros(n, dtype=bool)
+    a = np.asarray(value)
+    if a.dtype == bool:
+        if a.shape != (n,):
+            raise PartitionFileError(f"{where}: `{name}` is a mask of {a.size} entries; the dataset has {n} {unit}")
+        return a
+    if a.size == 0:
+        return np.zeros(n, dtype=bool)
+    if not np.issubdtype(a.dtype, np.integer) or a.ndim != 1:
+        raise PartitionFileError(f"{where}: `{name}` must be a boolean mask over the {n} {unit} or a list of ids, got {a.dtype} of shape {a.shape}")
+    bad = a[(a < 0) | (a >= n)]
+    if bad.size:
+        raise PartitionFileError(f"{where}: `{name}` names id {int(bad[0])}, outside 0..{n - 1} ({n} {unit})")
+    m = np.zeros(n, dtype=bool)
+    m[a] = True
+    if m.sum() != a.size:
+        raise PartitionFileError(f"{where}: `{name}` lists some ids twice")
+    return m
+
+def from_assignment(dataset, assignment, train=None, val=None, test=None, *, num_clients: int | None = None,
+                    client_names=None, fold=None, graphless=(), like: str | None = None, seed: int = 0,
+                    source: str = "assignment") -> Partition:
+    "A `Partition` from an explicit client of every node (graph), with the train/val/test membership as masks or id lists."
+    src = _as_source(dataset)
+    n, unit, where = src.size, src.unit, source
+    a = np.asarray(assignment)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise PartitionFileError(f"{where}: the assignment has {a.size} entries but {src.name} has {n} {unit}; "
+                                 f"give a client (or -1: no client) for every one of them")
+    names = None if client_names is None else [str(c) for c in client_names]
+    if a.dtype.kind in "UO":                                          # clients named by strings
+        if names is None:
+            raise PartitionFileError(f"{where}: the assignment names clients by string; list them in `clients`")
+        index = {c: i for i, c in enumerate(names)}
+        index.update({"-1": -1})
+        unknown = sorted({str(v) for v in a} - set(index))
+        if unknown:
+            raise PartitionFileError(f"{where}: unknown client {unknown[0]!r} ({len(unknown)} unknown); the file's clients are {names}")
+        a = np.array([index[str(v)] for v in a], dtype=np.int64)
+    elif not np.issubdtype(a.dtype, np.integer):
+        raise PartitionFileError(f"{where}: the assignment must hold integer client ids (or names), got {a.dtype}")
+    a = a.astype(np.int64)
+    K = int(a.max()) + 1 if num_clients is None else int(num_clients)
+    if names is not None and num_clients is None:
+        K = len(names)
+    if K < 1:
+        raise PartitionFileError(f"{where}: no {unit} is given to any client")
+    bad = a[(a < -1) | (a >= K)]
+    if bad.size:
+        raise PartitionFileError(f"{where}: unknown client {int(bad[0])} ({int(((a < -1) | (a >= K)).sum())} {unit} with "
+                                 f"unknown clients); clients are 0..{K - 1} (-1: no client)")
+    sizes = np.bincount(a[a >= 0], minlength=K)
+    if (sizes == 0).any():
+        raise PartitionFileError(f"{where}: client {int(np.argmin(sizes))} holds no {unit} ({int((sizes == 0).sum())} empty of {K})")
+    masks = [_split_mask(v, s, n, unit, where) for v, s in zip((train, val, test), _SPLITS)]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            both = np.flatnonzero(masks[i] & masks[j])
+            if both.size:
+                raise PartitionFileError(f"{where}: splits overlap: {both.size} {unit} are in both `{_SPLITS[i]}` and "
+                                         f"`{_SPLITS[j]}` (first: {int(both[0])})")
+    codes = np.full(n, -1, dtype=np.int8)
+    for s, m in enumerate(masks):
+        codes[m] = s
+    stray = np.flatnonzero((codes >= 0) & (a < 0))
+    if stray.size:
+        raise PartitionFileError(f"{where}: {stray.size} {unit} are in a split but in no client (first: {int(stray[0])})")
+    no_train = np.flatnonzero(np.bincount(a[(a >= 0) & (codes == 0)], minlength=K) == 0)
+    if no_train.size:
+        raise PartitionFileError(f"{where}: client {int(no_train[0])} has no training {unit} ({no_train.size} such clients)")
+    f = None
+    if fold is not None:
+        f = np.asarray(fold, dtype=np.int64)
+        if f.shape != (n,):
+            raise PartitionFileError(f"{where}: `fold` has {f.size} entries; the dataset has {n} {unit}")
+    gl = sorted({int(c) for c in graphless})
+    if any(not 0 <= c < K for c in gl):
+        raise PartitionFileError(f"{where}: graphless clients must be in 0..{K - 1}, got {gl}")
+    if gl and src.task != "node":
+        raise PartitionFileError(f"{where}: graphless clients are a node-task setting; {src.name} is a graph-level dataset")
+    if like is not None:
+        like = canonical_method(like)
+        if like not in PARTITIONERS:
+            raise PartitionFileError(f"{where}: like={like!r} is not a partitioner; choose one of {list(PARTITIONERS)}")
+    info = dict(source=str(source), like=like, client_names=names)
+    return _assemble(src, "file", K, int(seed), dict(like=like, source=str(source)), a, codes, f, gl, info)
+
+# %% ../nbs/01_partition.ipynb #5fa1a0cf
+def _file_arrays(path: Path) -> dict:
+    "The arrays of a partition file: NPZ (numpy) or JSON, by suffix."
+    if not path.exists():
+        raise PartitionFileError(f"partition file {path} does not exist")
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: z[k] for k in z.files}
+        return {k: (v.item() if v.ndim == 0 else v) for k, v in out.items()}
+    if path.suffix == ".json":
+        try:
+            out = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise PartitionFileError(f"{path}: not valid JSON ({err})") from None
+        if not isinstance(out, dict):
+            raise PartitionFileError(f"{path}: expected a JSON object with the partition's keys, got {type(out).__name__}")
+        return out
+    raise PartitionFileError(f"{path}: a partition file ends in .npz or .json, got {path.suffix!r}")
+
+def load_partition_file(dataset, path, *, like: str | None = None, seed: int = 0) -> Partition:
+    "Read a partition written by `save_partition_file` or by another tool (the format is above) for `dataset`."
+    path = Path(path)
+    src = _as_source(dataset)
+    f = _file_arrays(path)
+    key = "node_client" if src.task == "node" else "graph_client"
+    other = "graph_client" if key == "node_client" else "node_client"
+    if key not in f and "client" not in f:
+        hint = f" (it has `{other}`: a {'graph' if other == 'graph_client' else 'node'}-level partition)" if other in f else ""
+        raise PartitionFileError(f"{path}: no `{key}` array{hint}; {src.name} is a {src.task}-level dataset")
+    named = f.get("dataset")
+    if named is not None and str(named).lower() != src.name.lower():
+        raise PartitionFileError(f"{path}: written for dataset {named!r}, not {src.name!r}")
+    if f.get("task") not in (None, src.task):
+        raise PartitionFileError(f"{path}: a {f['task']}-level partition; {src.name} is a {src.task}-level dataset")
+    return from_assignment(src, f.get(key, f.get("client")), f.get("train"), f.get("val"), f.get("test"),
+                           num_clients=f.get("num_clients"), client_names=f.get("clients"), fold=f.get("fold"),
+                           graphless=f.get("graphless", ()), like=like or f.get("like") or None, seed=seed, source=str(path))
+
+def save_partition_file(p: Partition, path) -> Path:
+    "Write `p` as a partition file (`.npz` or `.json`), readable by `load_partition_file` and by other tools."
+    path = Path(path)
+    a, codes = p.assignment.numpy().astype(np.int64), p.split_codes.numpy()
+    out = {"format": PARTITION_FILE_FORMAT, "version": PARTITION_FILE_VERSION, "dataset": p.dataset_name, "task": p.task,
+           "num_clients": int(p.num_clients), ("node_client" if p.task == "node" else "graph_client"): a,
+           "train": codes == 0, "val": codes == 1, "test": codes == 2, "graphless": np.array(p.graphless, dtype=np.int64),
+           "like": p.info.get("like") or (p.method if p.method != "file" else "")}
+    if p.fold is not None:
+        out["fold"] = p.fold.numpy().astype(np.int64)
+    if p.info.get("client_names"):
+        out["clients"] = np.array(p.info["client_names"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".npz":
+        np.savez_compressed(path, **out)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps({k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out.items()}))
+    else:
+        raise PartitionFileError(f"{path}: a partition file ends in .npz or .json, got {path.suffix!r}")
+    return path
 
 # %% ../nbs/01_partition.ipynb #90aa494e
 def _undirected_count(edge_index: torch.Tensor, num_nodes: int) -> int:
