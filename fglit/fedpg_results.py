@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .federation import ALGORITHMS, _import_algorithms, run
-from .reproduction import Experiment, compare_with_paper, completed, format_side_by_side, results_file, run_grid
+from .reproduction import Experiment, compare_with_paper, completed, format_side_by_side, partition_for, results_file, run_grid
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
@@ -253,7 +253,7 @@ def run_fedpg_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
     def count(rnd, server, clients):
         if not counted: counted["params"] = parameter_count(server, clients)
     t0 = time.perf_counter()
-    res = run(exp.algorithm, exp.dataset, exp.partition, exp.clients, rounds=rounds, local_epochs=epochs, seeds=[seed],
+    res = run(exp.algorithm, exp.dataset, partition_for(exp, seed), exp.clients, rounds=rounds, local_epochs=epochs, seeds=[seed],
               settings=settings, progress=False, callback=count, pool=pool)
     wall, s = time.perf_counter() - t0, res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], auc=s["auc_mean"],

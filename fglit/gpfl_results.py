@@ -18,7 +18,7 @@ import torch
 from .algorithms.pfl import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid
 
 # %% auto #0
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'SAMPLED', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers',
@@ -392,7 +392,8 @@ def grid_dataset(name: str):
 def run_gpfl_experiment(exp: Experiment, seed: int, quick: bool = False) -> dict:
     "One run of the grid as a result row (`quick`: 5 rounds). Only the last round is evaluated (the table reads it; the same numbers as evaluating every round, ~10% faster)."
     t0, rounds = time.perf_counter(), 5 if quick else exp.rounds
-    res = run(exp.algorithm, grid_dataset(exp.dataset), exp.partition, exp.clients, rounds=rounds, local_epochs=exp.local_epochs,
+    ds = grid_dataset(exp.dataset)
+    res = run(exp.algorithm, ds, partition_for(exp, seed, ds), exp.clients, rounds=rounds, local_epochs=exp.local_epochs,
               seeds=[seed], settings={**json.loads(exp.settings), "eval_every": rounds}, progress=False)
     s = res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"], bytes_up=s["bytes_up"],

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, run_grid
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid
 
 # %% auto #0
 __all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'PAPER_METRIC',
@@ -1160,7 +1160,7 @@ def run_opfgl_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
         if exp.algorithm == "opfgl": settings.update(QUICK["opfgl"])
         elif rounds: rounds = min(rounds, QUICK["rounds"])
     t0 = time.perf_counter()
-    res = run(exp.algorithm, exp.dataset, exp.partition, exp.clients, rounds=rounds, local_epochs=exp.local_epochs,
+    res = run(exp.algorithm, exp.dataset, partition_for(exp, seed), exp.clients, rounds=rounds, local_epochs=exp.local_epochs,
               seeds=[seed], settings=settings, progress=False)
     s = res.summary()
     return dict(**asdict(exp), seed=seed, accuracy=s["accuracy_mean"], f1_macro=s["f1_macro_mean"],

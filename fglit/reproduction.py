@@ -17,8 +17,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'Experiment', 'completed', 'results_file', 'append_row', 'run_grid',
-           'compare_with_paper', 'format_side_by_side', 'plot_against_paper']
+__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed', 'results_file',
+           'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for',
+           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Experiment:
     paper_table: str = ""
     paper_method: str = ""
     paper_note: str = ""
+    partition_file: str = ""          # run on this partition file ('{seed}' filled in; see `partition_for`), not a new partition
 
     def key(self, seed: int) -> tuple:
         return (self.table, self.dataset, self.partition, self.clients, self.method, self.note, seed)
@@ -169,3 +171,87 @@ def plot_against_paper(side: pd.DataFrame, band: float = 1.5, hue: str = "method
     ax.set_aspect("equal")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, fontsize=8)
     return ax
+
+# %% ../nbs/08_reproduction.ipynb #fc0f6813
+def _repo_path(rel: str) -> Path:
+    "A path relative to the repository root, seen from the root or from `nbs/`."
+    for p in (Path(rel), Path("..") / rel):
+        if p.exists(): return p
+    return Path(rel)
+
+def partition_for(exp: Experiment, seed: int, dataset=None):
+    "What `run` takes as its partition for `exp` at `seed`: the partitioner's name, or the partition read from `exp.partition_file`."
+    if not exp.partition_file:
+        return exp.partition
+    from fglit.data import load_dataset
+    from fglit.partition import load_partition_file
+    ds = load_dataset(exp.dataset) if dataset is None else dataset
+    return [load_partition_file(ds, _repo_path(exp.partition_file.format(seed=seed)), like=exp.partition)]
+
+AUTHORS_CSV_COLUMNS = ["table", "dataset", "partition", "clients", "method", "seed", "accuracy", "f1_macro", "source",
+                       "partition_source"]
+
+def with_provenance(rows: pd.DataFrame) -> pd.DataFrame:
+    "fglit result rows with `source` (`fglit@<commit>`) and `partition_source` (`authors` when run on a `partition_file`, else `fglit`)."
+    out = rows.copy()
+    pf = out["partition_file"].fillna("").astype(str) if "partition_file" in out else pd.Series("", index=out.index)
+    out["source"] = "fglit@" + out["commit"].fillna("unknown").astype(str)
+    out["partition_source"] = np.where(pf != "", "authors", "fglit")
+    return out
+
+def merge_authors_code(path, fglit_rows: pd.DataFrame) -> pd.DataFrame:
+    "`path`'s rows from the authors' code, then `fglit_rows` (with provenance); written back to `path` (fglit rows replaced, the authors' kept) and returned."
+    path = Path(path)
+    old = pd.read_csv(path, dtype={"table": str}) if path.exists() else pd.DataFrame(columns=AUTHORS_CSV_COLUMNS)
+    authors = old[old["source"].astype(str).str.startswith("authors@")]
+    ours = with_provenance(fglit_rows.assign(table=fglit_rows["table"].astype(str)))
+    out = pd.concat([authors, ours.reindex(columns=AUTHORS_CSV_COLUMNS + [c for c in ["note", "commit"] if c in ours])],
+                    ignore_index=True)
+    out = out[AUTHORS_CSV_COLUMNS + [c for c in out.columns if c not in AUTHORS_CSV_COLUMNS]]
+    out.to_csv(path, index=False)
+    return out
+
+AUTHORS_COLUMNS = {("authors", "authors"): "authors' code", ("fglit", "authors"): "fglit, authors' partition",
+                   ("fglit", "fglit"): "fglit, own partition"}
+
+def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",)) -> pd.DataFrame:
+    "One row per cell and metric: the paper, the authors' code, fglit on the authors' partition and on its own (mean, std, seeds; percent), the gap fglit - authors on the same partition, the seed noise and whether they agree."
+    df = rows.copy()
+    df["who"] = [AUTHORS_COLUMNS.get((str(s).split("@")[0], str(p))) for s, p in zip(df["source"], df["partition_source"])]
+    if df["who"].isna().any():
+        bad = df[df["who"].isna()].iloc[0]
+        raise ValueError(f"authors_code_table: unknown source/partition_source {bad['source']!r}/{bad['partition_source']!r}; "
+                         f"expected authors@<commit> or fglit@<commit>, and 'authors' or 'fglit'")
+    keys = ["table", "dataset", "partition", "clients", "method"]
+    out = []
+    for key, g in df.groupby(keys, sort=False):
+        for m in metrics:
+            row = dict(zip(keys, key), metric=m)
+            hit = paper[(paper.table.astype(str) == str(key[0])) & (paper.dataset == key[1]) & (paper.method == key[4])
+                        & (paper.metric == m) & (paper.note.fillna("") == "")]
+            row["paper"] = float(hit["mean"].iloc[0]) if len(hit) else np.nan
+            for who in AUTHORS_COLUMNS.values():
+                v = 100 * g.loc[g.who == who, m].astype(float).dropna()
+                row[who] = v.mean() if len(v) else np.nan
+                row[f"{who} std"] = v.std(ddof=0) if len(v) > 1 else np.nan
+                row[f"{who} seeds"] = len(v)
+            a, f = "authors' code", "fglit, authors' partition"
+            row["gap"] = row[f] - row[a]
+            row["noise"] = np.nansum([row[f"{a} std"], row[f"{f} std"]]) if row[f"{a} seeds"] > 1 and row[f"{f} seeds"] > 1 else np.nan
+            row["agree"] = bool(abs(row["gap"]) <= row["noise"]) if np.isfinite(row["gap"]) and np.isfinite(row["noise"]) else None
+            out.append(row)
+    return pd.DataFrame(out)
+
+def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
+    "`authors_code_table` for reading: 'mean ± std (seeds)' per column, the gap and the agreement."
+    def cell(r, who):
+        if not np.isfinite(r[who]): return "-"
+        std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
+        return f"{r[who]:.2f}{std} ({int(r[who + ' seeds'])})"
+    out = t[["table", "dataset", "partition", "clients", "method", "metric"]].copy()
+    out["paper"] = t["paper"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "-")
+    for who in AUTHORS_COLUMNS.values():
+        out[who] = [cell(r, who) for _, r in t.iterrows()]
+    out["fglit - authors"] = [f"{g:+.2f} (noise {n:.2f})" if np.isfinite(g) and np.isfinite(n) else "-" for g, n in zip(t.gap, t.noise)]
+    out["agree"] = t["agree"].map({True: "yes", False: "no", None: "-"})
+    return out
