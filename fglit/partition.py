@@ -32,8 +32,8 @@ __all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'NODE_METHODS', 'GRAPH_METHODS', 'P
            'louvain_labels', 'metis_labels', 'GraphClient', 'Partition', 'louvain', 'community_graph', 'louvain_plus',
            'metis_plus', 'metis', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid', 'partition_key', 'partition_path',
            'canonical_method', 'partition', 'PartitionFileError', 'from_assignment', 'load_partition_file',
-           'save_partition_file', 'partition_report', 'report_records', 'plot_label_heatmap', 'plot_client_sizes',
-           'plot_partition', 'fedgls_table4']
+           'save_partition_file', 'partition_report', 'report_records', 'partition_summary', 'plot_label_heatmap',
+           'plot_client_sizes', 'plot_partition', 'fedgls_table4']
 
 # %% ../nbs/01_partition.ipynb #e3e39467
 @dataclass(eq=False)
@@ -1179,6 +1179,33 @@ def report_records(p: Partition) -> list[dict]:
             rec[k] = v
         out.append(rec)
     return out
+
+# %% ../nbs/01_partition.ipynb #745fe997
+def partition_summary(partitions: dict) -> pd.DataFrame:
+    "One row per named `Partition`: clients, items, client sizes, edges kept and cut (node task), split sizes and label skew."
+    rows = []
+    for name, p in partitions.items():
+        a = p.assignment.numpy()
+        sizes = np.bincount(a[a >= 0], minlength=p.num_clients)
+        L = p.label_matrix().astype(float)
+        dist = L / np.maximum(L.sum(1, keepdims=True), 1)
+        overall = L.sum(0) / max(L.sum(), 1)
+        codes = p.split_codes.numpy()
+        row = dict(partition=name, clients=p.num_clients, items=int((a >= 0).sum()), size_min=int(sizes.min()),
+                   size_median=float(np.median(sizes)), size_max=int(sizes.max()), size_cv=float(sizes.std() / sizes.mean()),
+                   train=int((codes == 0).sum()), val=int((codes == 1).sum()), test=int((codes == 2).sum()),
+                   top_class_share=float(dist.max(1).mean()), classes_per_client=float((L > 0).sum(1).mean()),
+                   label_tv=float(0.5 * np.abs(dist - overall).sum(1).mean()))
+        if p.task == "node":
+            src = p._source.data if p._source is not None else None
+            kept = sum(_undirected_count(c.edge_index, c.num_nodes) for c in p.clients)
+            if src is not None:
+                u, v = _simple_edges(src.edge_index.numpy(), src.num_nodes)
+                both = (a[u] >= 0) & (a[v] >= 0)
+                row.update(edges_kept=kept, edges_cut=int((both & (a[u] != a[v])).sum()),
+                           cut_share=float((both & (a[u] != a[v])).sum() / max(both.sum(), 1)))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("partition")
 
 # %% ../nbs/01_partition.ipynb #87aec675
 def plot_label_heatmap(p: Partition, ax=None, normalize: bool = False, annot: bool | None = None, cmap: str = "viridis", title: str | None = None):
