@@ -202,6 +202,7 @@ REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, d
     "gpfl": ("fglit.gpfl_results", "gpfl_experiments", "results/gpfl/runs.csv"),
     "fedpg": ("fglit.fedpg_results", "fedpg_experiments", "results/fedpg/runs.csv"),
     "fedpg-figures": ("fglit.fedpg_analysis", "figure_experiments", "results/fedpg/figures.csv"),
+    "opfgl-authors": ("fglit.opfgl_results", "authors_experiments", "results/opfgl/fglit_on_authors.csv"),   # on the authors' partitions
 }
 
 def _grid_setting(text: str) -> tuple[int, float]:

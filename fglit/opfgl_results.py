@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid
+from .reproduction import Experiment, compare_with_paper, format_side_by_side, on_partition_files, partition_for, run_grid
 
 # %% auto #0
-__all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'PAPER_METRIC',
-           'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments', 'run_opfgl_experiment', 'reproduce',
-           'side_by_side', 'per_class_scores', 'per_class_analysis']
+__all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK',
+           'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'PAPER_METRIC', 'PER_CLASS_METHODS', 'paper_numbers',
+           'opfgl_experiments', 'run_opfgl_experiment', 'authors_experiments', 'reproduce', 'side_by_side',
+           'per_class_scores', 'per_class_analysis']
 
 # %% ../nbs/21_opfgl_results.ipynb #491310d7
 #| code-fold: true
@@ -1167,6 +1168,15 @@ def run_opfgl_experiment(exp: Experiment, seed: int, quick: bool = False) -> dic
                 f1_macro_present=s["f1_macro_present_mean"], bytes_up=s["bytes_up"], bytes_down=s["bytes_down"],
                 floats_up=s["floats_up"], floats_down=s["floats_down"], wall_time_s=time.perf_counter() - t0,
                 quick=quick, commit=res.commit)
+
+AUTHORS_PARTITIONS = "results/opfgl/authors_partitions/{dataset}_{partition}_{clients}_seed{seed}.npz"
+AUTHORS_METHODS = ("O-pFGL", "Standalone", "FedAvg")
+
+def authors_experiments(tables=("1", "5"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:
+    "Tables 1 and 5's one-shot rows on the partitions and splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed)."
+    if set(tables) - {"1", "5"}:
+        raise ValueError(f"the authors' partitions exist for tables 1 and 5 (Louvain+ and Metis+, 10 clients), got {list(tables)}")
+    return on_partition_files([e for e in opfgl_experiments(tables, datasets) if e.method in AUTHORS_METHODS], AUTHORS_PARTITIONS)
 
 def reproduce(experiments: list[Experiment], seeds=(0, 1, 2), out: str | Path | None = None, jobs: int = 1,
               quick: bool = False, progress: bool | None = None) -> pd.DataFrame:

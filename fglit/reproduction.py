@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,9 +17,10 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed', 'results_file',
-           'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for',
-           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table']
+__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed',
+           'results_file', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper',
+           'partition_for', 'on_partition_files', 'with_provenance', 'merge_authors_code', 'authors_code_table',
+           'format_authors_table']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -187,6 +188,14 @@ def partition_for(exp: Experiment, seed: int, dataset=None):
     from fglit.partition import load_partition_file
     ds = load_dataset(exp.dataset) if dataset is None else dataset
     return [load_partition_file(ds, _repo_path(exp.partition_file.format(seed=seed)), like=exp.partition)]
+
+AUTHORS_NOTE = "authors' partition"
+
+def on_partition_files(experiments: list[Experiment], pattern: str, note: str = AUTHORS_NOTE) -> list[Experiment]:
+    "The same experiments run on partition files: `pattern` filled with each experiment's `dataset`, `partition`, `clients` (`{seed}` is left for `partition_for`); `note` marks the rows."
+    return [replace(e, note=f"{e.note}; {note}" if e.note else note,
+                    partition_file=pattern.format(dataset=e.dataset, partition=e.partition, clients=e.clients, seed="{seed}"))
+            for e in experiments]
 
 AUTHORS_CSV_COLUMNS = ["table", "dataset", "partition", "clients", "method", "seed", "accuracy", "f1_macro", "source",
                        "partition_source"]
