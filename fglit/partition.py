@@ -27,13 +27,13 @@ from torch_geometric.data import Data
 from .core import cache_dir
 
 # %% auto #0
-__all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'NODE_METHODS', 'GRAPH_METHODS', 'PARTITIONERS', 'CACHE_FORMAT', 'CACHE_VERSION',
-           'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT', 'PARTITION_FILE_VERSION', 'FEDGLS_TABLE4', 'resolve_split',
-           'louvain_labels', 'metis_labels', 'GraphClient', 'Partition', 'louvain', 'community_graph', 'louvain_plus',
-           'metis_plus', 'metis', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid', 'partition_key', 'partition_path',
-           'canonical_method', 'partition', 'PartitionFileError', 'from_assignment', 'load_partition_file',
-           'save_partition_file', 'partition_report', 'report_records', 'partition_summary', 'plot_label_heatmap',
-           'plot_client_sizes', 'plot_partition', 'fedgls_table4']
+__all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'LOUVAIN_PLUS_PACKING', 'NODE_METHODS', 'GRAPH_METHODS', 'PARTITIONERS',
+           'CACHE_FORMAT', 'CACHE_VERSION', 'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT', 'PARTITION_FILE_VERSION',
+           'FEDGLS_TABLE4', 'resolve_split', 'louvain_labels', 'metis_labels', 'GraphClient', 'Partition', 'louvain',
+           'community_graph', 'louvain_plus', 'metis_plus', 'metis', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid',
+           'partition_key', 'partition_path', 'canonical_method', 'partition', 'PartitionFileError', 'from_assignment',
+           'load_partition_file', 'save_partition_file', 'partition_report', 'report_records', 'partition_summary',
+           'plot_label_heatmap', 'plot_client_sizes', 'plot_partition', 'fedgls_table4']
 
 # %% ../nbs/01_partition.ipynb #e3e39467
 @dataclass(eq=False)
@@ -742,20 +742,52 @@ def _min_client_nodes(src, K: int, min_client_nodes) -> int:
     if min_client_nodes is None: return max(src.size // (10 * K), 1)
     return _check_int("min_client_nodes", min_client_nodes, 1, src.size // K, why=f" (at most N // num_clients = {src.size // K})")
 
+def _fill_owners(labels: np.ndarray, cap: int, num_owners: int, delta: int) -> np.ndarray:
+    "The authors' Louvain+ packing (O-pFGL's code, after FedSage+): communities cut into chunks of at most `cap` nodes (by id), then, largest first, each chunk to the open owner being filled until it holds N // num_owners nodes; owner of every node, canonical."
+    n = len(labels)
+    _, comm = np.unique(labels, return_inverse=True)
+    first = np.full(int(comm.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, comm, np.arange(n))
+    comm = np.argsort(np.argsort(first, kind="stable"), kind="stable")[comm]     # communities by first appearance
+    order = np.lexsort((np.arange(n), comm))
+    rank = np.arange(n) - np.searchsorted(comm[order], comm[order], side="left")
+    chunk = np.empty(n, dtype=np.int64)
+    chunk[order] = rank // max(int(cap), 1)
+    # the code's chunk order: every community's first chunk (by first appearance), then every second chunk, ...
+    _, part = np.unique(chunk * (int(comm.max()) + 1) + comm, return_inverse=True)
+    sizes = np.bincount(part)
+    target, load = n // num_owners, np.zeros(num_owners, dtype=np.int64)
+    open_owners, at, owner = list(range(num_owners)), 0, np.empty(len(sizes), dtype=np.int64)
+    for p in np.argsort(-sizes, kind="stable"):             # largest first, ties in the code's chunk order
+        while len(open_owners) >= 2 and load[open_owners[at]] >= target:
+            open_owners.pop(at); at %= len(open_owners)
+        for _ in range(len(open_owners)):                   # skip owners the chunk would push past target + delta
+            if load[open_owners[at]] + sizes[p] < target + delta: break
+            at = (at + 1) % len(open_owners)
+        else:                                               # none fits (the code gives up after 1000 tries): the emptiest
+            at = int(np.argmin(load[open_owners]))
+        owner[p] = open_owners[at]
+        load[owner[p]] += sizes[p]
+    return _canonical(owner[part])
+
+LOUVAIN_PLUS_PACKING = ("owners", "chunks")
+
 def louvain_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 100, delta: int = 20,
-                 resolution: float = 1.0, min_client_nodes: int | None = None, split=None, folds: int | None = None,
-                 graphless_ratio: float = 0.0) -> Partition:
-    "Louvain+ (O-pFGL / OpenFGL): Louvain parts capped at `N // num_parts - delta` nodes, K-means on their label mixes."
+                 resolution: float = 1.0, packing: str = "owners", min_client_nodes: int | None = None, split=None,
+                 folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
+    "Louvain+ (O-pFGL / OpenFGL): Louvain chunks of at most `N // num_parts - delta` nodes, packed into `num_parts` owners (`packing='owners'`, the authors' code) or not (`'chunks'`), K-means on their label mixes."
     src = _as_source(dataset); _need_task(src, "louvain+", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "louvain+")
     num_parts = _check_int("num_parts", num_parts, 1)
     delta = _check_int("delta", delta, 0)
     resolution = _check_real("resolution", resolution, 0.0, math.inf, lo_open=True)
     min_nodes = _min_client_nodes(src, K, min_client_nodes)
-    params.update(num_parts=num_parts, delta=delta, resolution=resolution, min_client_nodes=min_nodes)
+    if packing not in LOUVAIN_PLUS_PACKING:
+        raise ValueError(f"packing must be one of {list(LOUVAIN_PLUS_PACKING)}, got {packing!r}")
+    params.update(num_parts=num_parts, delta=delta, resolution=resolution, packing=packing, min_client_nodes=min_nodes)
     labels = louvain_labels(src.data.edge_index, src.size, seed, resolution)
     cap = max(src.size // num_parts - delta, 1)
-    parts = _cap_parts(labels, cap)
+    parts = _cap_parts(labels, cap) if packing == "chunks" else _fill_owners(labels, cap, min(num_parts, src.size), delta)
     assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed, min_nodes)
     info = dict(communities=int(labels.max()) + 1, cap=cap, parts=int(parts.max()) + 1, refilled_clusters=refilled)
     return _tail(src, "louvain+", K, seed, params, assign, info, split, folds, graphless_ratio)
