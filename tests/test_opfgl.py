@@ -137,7 +137,7 @@ def test_distillation_weights():
 
 def test_config_errors():
     for bad in [dict(rounds=3), dict(hre_criteria="degree,height"), dict(lambda_mode="soft"), dict(min_class_count=0),
-                dict(model_pool="zoo"), dict(surrogate_edge_steps=60), dict(finetune_lr=0.0)]:
+                dict(model_pool="zoo"), dict(surrogate_edge_steps=60), dict(finetune_lr=0.0), dict(lambda_labels="normalised")]:
         with pytest.raises(ConfigError):
             make_config(OpFGLConfig, bad)
 
@@ -288,6 +288,19 @@ def test_no_statistics_anywhere_falls_back_to_local_training():
         seed_run, box = _simulate(clients, num_classes=3, hre=False)
     assert box["server"].graph is None and all(c.log["surrogate"] == "none" for c in box["clients"])
     assert seed_run.history.accuracy.notna().all()
+
+
+def test_lambda_labels_raw_is_the_codes_lp_scores():
+    "lambda_labels='raw' (the authors' code) weighs the clamped LP scores, 'soft' (the paper) their row-normalised form."
+    clients = [_client(30, {0: 4, 1: 4, 2: 4}), _client(30, {0: 4, 1: 4}, seed=1)]
+    _, soft_box = _simulate(clients, hre=False)
+    _, raw_box = _simulate(clients, hre=False, lambda_labels="raw")
+    c = raw_box["clients"][0]
+    assert c.log["lambda_mean"] < soft_box["clients"][0].log["lambda_mean"]      # on this graph the raw scores sum to < 1
+    mass = c.lp_scores.sum(1, keepdim=True)
+    assert torch.allclose(c.lp_scores[c.has_mass] / mass[c.has_mass], c.soft[c.has_mass])     # same direction, raw scale
+    assert not torch.allclose(c.lp_scores, c.soft)
+    assert torch.equal(c.lp_scores[~c.has_mass], c.soft[~c.has_mass])                         # empty rows: uniform in both
 
 
 def test_client_without_labels_only_distils():

@@ -370,15 +370,16 @@ def test_method_lists_are_consistent():
 
 
 def test_photo_label_imbalance_and_many_metis_clients_fill_every_client(shared_root):
-    "Photo: Louvain+ made a 2-node client and METIS into 1000 parts left 8 empty; both are repaired, both stay valid partitions."
+    "Photo: Louvain+ on the chunks made a 2-node client and METIS into 1000 parts left 8 empty; both are repaired, both stay valid partitions (and so is Louvain+ packed into owners)."
     from fglit.data import load_dataset
     photo = load_dataset("Photo")
     for seed in (0, 1):
-        p = partition(photo, "louvain+", 20, seed=seed, cache=False)
-        sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=20)
-        assert int(sizes.min()) >= photo.data.num_nodes // 200 == p.params["min_client_nodes"]
-        assert p.info["refilled_clusters"] >= 1
-        check_node_partition(p, photo.data, True)
+        for packing in ("chunks", "owners"):
+            p = partition(photo, "louvain+", 20, seed=seed, cache=False, packing=packing)
+            sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=20)
+            assert int(sizes.min()) >= photo.data.num_nodes // 200 == p.params["min_client_nodes"]
+            assert packing == "owners" or p.info["refilled_clusters"] >= 1
+            check_node_partition(p, photo.data, True)
     m = partition(photo, "metis", 1000, seed=0, cache=False)
     sizes = torch.bincount(m.assignment, minlength=1000)
     assert int(sizes.min()) >= 3 and m.info["bisected"] >= 8

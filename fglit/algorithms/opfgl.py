@@ -81,6 +81,7 @@ class OpFGLConfig(FedConfig):
     lambda_mode: str = "adaptive"      # adaptive (Eq. 17) | fixed (lambda_i = alpha) | none (plain fine-tuning)
     lambda_min: float = 0.0
     lambda_max: float = 1.0
+    lambda_labels: str = "soft"        # p in Eq. 17: "soft" = row-normalised LP labels (the paper); "raw" = the clamped LP scores (the authors' code)
     finetune_loss: str = "ce"          # ce | focal (the "ft + focal" ablation)
     focal_gamma: float = 2.0
     model_pool: str = ""               # "" = every client runs `model`; "hetero" = the paper's 10-model pool
@@ -101,6 +102,7 @@ class OpFGLConfig(FedConfig):
         bad = set(self.criteria) - set(HRE_CRITERIA)
         if bad: raise ConfigError(f"hre_criteria: unknown {sorted(bad)}; allowed: {', '.join(HRE_CRITERIA)}")
         for name, allowed in (("lambda_mode", ("adaptive", "fixed", "none")), ("finetune_loss", ("ce", "focal")),
+                              ("lambda_labels", ("soft", "raw")),
                               ("model_pool", ("", "hetero"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
@@ -381,6 +383,7 @@ class OpFGLClient(Client):
         self.degree = torch.bincount(g.edge_index[1], minlength=g.num_nodes)
         lp = label_propagation(g.edge_index, g.num_nodes, g.y, self.train_mask, C, config.lp_iters, config.lp_alpha)
         self.soft, self.has_mass = soft_labels(lp)
+        self.lp_scores = torch.where(self.has_mass.unsqueeze(1), lp, self.soft)     # the code's p: raw scores, uniform where empty
         self.class_h = class_homophily(node_homophily(g.edge_index, g.y, self.train_mask), g.y, self.train_mask, C)
         self.log: dict = {"model": spec.describe()}
 
@@ -445,9 +448,11 @@ class OpFGLClient(Client):
         with torch.no_grad():
             teacher_logp = F.log_softmax(teacher(g.x, g.edge_index), -1)
         if mode == "adaptive":
-            lam = distillation_weights(self.soft, self.class_h, c.distill_alpha, c.lambda_min, c.lambda_max)
+            lam = distillation_weights(self.soft if c.lambda_labels == "soft" else self.lp_scores, self.class_h, c.distill_alpha,
+                                       c.lambda_min, c.lambda_max)
         else:
             lam = torch.full((g.num_nodes,), c.distill_alpha if mode == "fixed" else 0.0, device=g.x.device)
+        self.log.update(lambda_mean=float(lam.mean()) if lam.numel() else 0.0)
         mask, y = self.train_mask, g.y[self.train_mask]
         if not mask.any() and mode == "none":     # nothing to learn from: keep f_g
             self.log.update(stage2_iters=0, stage2_val=self.val_accuracy(self.model), lambda_mean=0.0, stage2_s=0.0)
