@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 __all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed',
            'results_file', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper',
            'partition_for', 'on_partition_files', 'with_provenance', 'merge_authors_code', 'authors_code_table',
-           'format_authors_table']
+           'format_authors_table', 'miss_cause', 'authors_verdicts']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -239,6 +239,7 @@ def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accura
             hit = paper[(paper.table.astype(str) == str(key[0])) & (paper.dataset == key[1]) & (paper.method == key[4])
                         & (paper.metric == m) & (paper.note.fillna("") == "")]
             row["paper"] = float(hit["mean"].iloc[0]) if len(hit) else np.nan
+            row["paper_std"] = float(hit["std"].iloc[0]) if len(hit) else np.nan
             for who in AUTHORS_COLUMNS.values():
                 v = 100 * g.loc[g.who == who, m].astype(float).dropna()
                 row[who] = v.mean() if len(v) else np.nan
@@ -263,4 +264,45 @@ def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
         out[who] = [cell(r, who) for _, r in t.iterrows()]
     out["fglit - authors"] = [f"{g:+.2f} (noise {n:.2f})" if np.isfinite(g) and np.isfinite(n) else "-" for g, n in zip(t.gap, t.noise)]
     out["agree"] = t["agree"].map({True: "yes", False: "no", None: "-"})
+    return out
+
+# %% ../nbs/08_reproduction.ipynb #d17c7044
+def _close(x: float, sx: float, y: float, sy: float) -> bool:
+    "Two means within the sum of their seed standard deviations (missing stds count as 0)."
+    return bool(abs(x - y) <= np.nansum([sx, sy]))
+
+def miss_cause(r) -> str:
+    "Why fglit on its own partition misses the paper's cell, from the four columns of one `authors_code_table` row."
+    own, paper, a, f = r["fglit, own partition"], r["paper"], r["authors' code"], r["fglit, authors' partition"]
+    so, sp, sa, sf = r["fglit, own partition std"], r.get("paper_std", np.nan), r["authors' code std"], r["fglit, authors' partition std"]
+    agree = None if r["agree"] is None or pd.isna(r["agree"]) else bool(r["agree"])
+    if not (np.isfinite(own) and np.isfinite(paper)): return "no comparison"
+    if _close(own, so, paper, sp): return "none: within the seed noise of the paper"
+    if np.isfinite(f) and _close(f, sf, paper, sp): return "partition: on the authors' partition fglit lands on the paper"
+    if agree and not _close(a, sa, paper, sp):
+        return "the paper: the authors' code misses it too, and fglit agrees with that code"
+    if agree is False: return "fglit differs from the authors' code on the same partition"
+    return "unexplained"
+
+def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[str]:
+    "One sentence per row of `authors_code_table`, built from its numbers: the four columns, the agreement, and the cause of a remaining paper miss (with its sign)."
+    names = metric_names or METRIC_NAMES
+    def ms(r, who):
+        if not np.isfinite(r[who]): return "not run"
+        std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
+        return f"{r[who]:.2f}{std} ({int(r[who + ' seeds'])} seeds)"
+    out = []
+    for _, r in t.iterrows():
+        cell = f"{r['dataset']} {r['partition']} ({r['clients']} clients), {r['method']}, {names.get(r['metric'], r['metric'])}"
+        paper = f"{r['paper']:.2f}" if np.isfinite(r["paper"]) else "not printed"
+        if r["agree"] is None or pd.isna(r["agree"]):
+            same = "no authors' number to compare" if not np.isfinite(r["authors' code"]) else "too few seeds to test agreement"
+        else:
+            same = (f"fglit on their partition {'agrees with' if r['agree'] else 'differs from'} their code "
+                    f"({r['gap']:+.2f}, seed noise {r['noise']:.2f})")
+        own_gap = r["fglit, own partition"] - r["paper"]
+        tail = f"; fglit on its own partition is {own_gap:+.2f} from the paper, cause: {miss_cause(r)}" if np.isfinite(own_gap) else ""
+        a, f, o = (ms(r, who) for who in AUTHORS_COLUMNS.values())
+        out.append(f"{cell}: paper {paper}; authors' code {a}; fglit on the authors' partition {f}; fglit on its own {o}; "
+                   f"{same}{tail}.")
     return out
