@@ -290,7 +290,8 @@ def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[
     def ms(r, who):
         if not np.isfinite(r[who]): return "not run"
         std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
-        return f"{r[who]:.2f}{std} ({int(r[who + ' seeds'])} seeds)"
+        n = int(r[who + " seeds"])
+        return f"{r[who]:.2f}{std} ({n} seed{'s' if n > 1 else ''})"
     out = []
     for _, r in t.iterrows():
         cell = f"{r['dataset']} {r['partition']} ({r['clients']} clients), {r['method']}, {names.get(r['metric'], r['metric'])}"
