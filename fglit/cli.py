@@ -203,6 +203,7 @@ REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, d
     "fedpg": ("fglit.fedpg_results", "fedpg_experiments", "results/fedpg/runs.csv"),
     "fedpg-figures": ("fglit.fedpg_analysis", "figure_experiments", "results/fedpg/figures.csv"),
     "opfgl-authors": ("fglit.opfgl_results", "authors_experiments", "results/opfgl/fglit_on_authors.csv"),   # on the authors' partitions
+    "fedpg-authors": ("fglit.fedpg_results", "authors_experiments", "results/fedpg/fglit_on_authors.csv"),
 }
 
 def _grid_setting(text: str) -> tuple[int, float]:

@@ -16,15 +16,16 @@ import numpy as np
 import pandas as pd
 
 from .federation import ALGORITHMS, _import_algorithms, run
-from .reproduction import Experiment, compare_with_paper, completed, format_side_by_side, partition_for, results_file, run_grid
+from .reproduction import (Experiment, compare_with_paper, completed, format_side_by_side, merge_authors_code,
+                                on_partition_files, partition_for, results_file, run_grid)
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
            'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'GRAPH_DIAGNOSIS_METHODS', 'NODE_DATASETS',
-           'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'QUICK_ROUNDS', 'RESULTS', 'paper_numbers',
-           'available_methods', 'fedpg_experiments', 'parameter_count', 'run_fedpg_experiment', 'reproduce',
-           'side_by_side', 'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels',
-           'gap_recovered', 'upload_ratio']
+           'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_NOTE',
+           'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods', 'fedpg_experiments', 'authors_experiments',
+           'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side', 'efficiency_table', 'coverage',
+           'load_results', 'weight_decay_effect', 'reference_levels', 'gap_recovered', 'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -231,6 +232,17 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref", "8diag"), 
         if (e.table, e.dataset, e.method, e.note) not in seen:
             seen.add((e.table, e.dataset, e.method, e.note)); unique.append(e)
     return unique
+
+AUTHORS_PARTITIONS = "results/fedpg/authors_partitions/{dataset}_{partition}_{clients}_seed{seed}.npz"
+AUTHORS_METHODS = ("FedPG", "FedAvg", "FedProto")
+CODE_NOTE = "GCN, the code's backbone"
+
+def authors_experiments(datasets=("Cora", "CiteSeer")) -> list[Experiment]:
+    "Table V's FedPG, FedAvg and FedProto on the METIS partitions and splits the authors' code made (`AUTHORS_PARTITIONS`), and FedPG and local training with the code's 2-layer GCN instead of GAMLP."
+    grid = [e for e in fedpg_experiments(("5",), datasets) if e.method in AUTHORS_METHODS]
+    gcn = [_exp("5", d, "metis", 10, m, {"model": "gcn"}, note=CODE_NOTE, paper_table="" if m == "Local" else "5", paper_note="")
+           for d in datasets for m in ("FedPG", "Local")]
+    return on_partition_files(gcn + sorted(grid, key=lambda e: e.method != "FedPG"), AUTHORS_PARTITIONS)   # the cheap GCN runs first
 
 # %% ../nbs/51_fedpg_results.ipynb #6fc47d31
 QUICK_ROUNDS = 3
