@@ -16,16 +16,18 @@ import numpy as np
 import pandas as pd
 
 from .federation import ALGORITHMS, _import_algorithms, run
-from .reproduction import (Experiment, compare_with_paper, completed, format_side_by_side, merge_authors_code,
-                                on_partition_files, partition_for, results_file, run_grid)
+from .reproduction import (Experiment, compare_with_paper, completed, format_side_by_side, on_partition_files,
+                                partition_for, results_file, run_grid, write_authors_code as write_shared_authors_code)
 
 # %% auto #0
 __all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
            'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'GRAPH_DIAGNOSIS_METHODS', 'NODE_DATASETS',
            'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_NOTE',
+           'CODE_LABELS_NOTE', 'CODE_LABELS', 'AUTHORS_CODE', 'AUTHORS_VARIANTS', 'AUTHORS_PAPER_METHOD',
            'QUICK_ROUNDS', 'RESULTS', 'paper_numbers', 'available_methods', 'fedpg_experiments', 'authors_experiments',
-           'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side', 'efficiency_table', 'coverage',
-           'load_results', 'weight_decay_effect', 'reference_levels', 'gap_recovered', 'upload_ratio']
+           'write_authors_code', 'parameter_count', 'run_fedpg_experiment', 'reproduce', 'side_by_side',
+           'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels', 'gap_recovered',
+           'upload_ratio']
 
 # %% ../nbs/51_fedpg_results.ipynb #daa0f2f2
 #| code-fold: true
@@ -236,13 +238,25 @@ def fedpg_experiments(tables=("5", "6", "7", "8", "10", "5wd", "ref", "8diag"), 
 AUTHORS_PARTITIONS = "results/fedpg/authors_partitions/{dataset}_{partition}_{clients}_seed{seed}.npz"
 AUTHORS_METHODS = ("FedPG", "FedAvg", "FedProto")
 CODE_NOTE = "GCN, the code's backbone"
+CODE_LABELS_NOTE = "GCN, the code's labels"     # + validation labels in the prototypes, no pseudo-labels (train_fedpg.py:216)
+CODE_LABELS = {"model": "gcn", "prototype_labels": "train+val", "pseudo_labels": False}
 
 def authors_experiments(datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "Table V's FedPG, FedAvg and FedProto on the METIS partitions and splits the authors' code made (`AUTHORS_PARTITIONS`), and FedPG and local training with the code's 2-layer GCN instead of GAMLP."
     grid = [e for e in fedpg_experiments(("5",), datasets) if e.method in AUTHORS_METHODS]
     gcn = [_exp("5", d, "metis", 10, m, {"model": "gcn"}, note=CODE_NOTE, paper_table="" if m == "Local" else "5", paper_note="")
            for d in datasets for m in ("FedPG", "Local")]
+    gcn += [_exp("5", d, "metis", 10, "FedPG", CODE_LABELS, note=CODE_LABELS_NOTE, paper_note="") for d in datasets]
     return on_partition_files(gcn + sorted(grid, key=lambda e: e.method != "FedPG"), AUTHORS_PARTITIONS)   # the cheap GCN runs first
+
+# %% ../nbs/51_fedpg_results.ipynb #de2fbcab
+AUTHORS_CODE = "results/fedpg/authors_code.csv"
+AUTHORS_VARIANTS = {CODE_NOTE: "GCN", CODE_LABELS_NOTE: "GCN, validation labels in the prototypes"}
+AUTHORS_PAPER_METHOD = {f"FedPG [{v}]": "FedPG" for v in [*AUTHORS_VARIANTS.values(), "GCN, neighbour bugs fixed"]}   # Table V's FedPG cell
+
+def write_authors_code(root: str | Path = ".") -> pd.DataFrame:
+    "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): Table V's FedPG/FedAvg/FedProto, and the GCN runs as 'FedPG [GCN]' and 'Local [GCN]'."
+    return write_shared_authors_code("fedpg", ("5",), AUTHORS_METHODS, AUTHORS_VARIANTS, root)
 
 # %% ../nbs/51_fedpg_results.ipynb #6fc47d31
 QUICK_ROUNDS = 3

@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 
 from .federation import run
-from .reproduction import (Experiment, compare_with_paper, format_side_by_side, merge_authors_code, on_partition_files,
-                                partition_for, run_grid)
+from .reproduction import (Experiment, compare_with_paper, format_side_by_side, on_partition_files, partition_for, run_grid,
+                                write_authors_code as write_shared_authors_code)
 
 # %% auto #0
 __all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK',
            'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_SETTINGS', 'CODE_COMMON', 'CODE_NOTE', 'PAPER_METRIC',
-           'AUTHORS_CODE', 'AUTHORS_GRID', 'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments',
-           'run_opfgl_experiment', 'authors_experiments', 'reproduce', 'side_by_side', 'authors_code_rows',
-           'write_authors_code', 'per_class_scores', 'per_class_analysis']
+           'AUTHORS_CODE', 'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments', 'run_opfgl_experiment',
+           'authors_experiments', 'reproduce', 'side_by_side', 'write_authors_code', 'per_class_scores',
+           'per_class_analysis']
 
 # %% ../nbs/21_opfgl_results.ipynb #491310d7
 #| code-fold: true
@@ -1208,22 +1208,10 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None,
 
 # %% ../nbs/21_opfgl_results.ipynb #895036d8
 AUTHORS_CODE = "results/opfgl/authors_code.csv"
-AUTHORS_GRID = "results/opfgl/fglit_on_authors.csv"
-
-def authors_code_rows(on_authors: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    "fglit's rows for `AUTHORS_CODE`: on the authors' partitions (O-pFGL with the code's settings as method 'O-pFGL [code's settings]') and on fglit's own (Tables 1 and 5, `AUTHORS_METHODS`)."
-    theirs = on_authors.copy()
-    code = theirs.note.astype(str).str.contains(CODE_NOTE, regex=False)
-    theirs.loc[code, "method"] = theirs.loc[code, "method"] + f" [{CODE_NOTE}]"
-    own = runs[runs.table.astype(str).isin(["1", "5"]) & runs.method.isin(AUTHORS_METHODS) & (runs.note.fillna("") == "")
-               & (runs.get("quick", pd.Series(False, index=runs.index)).astype(str) != "True")]
-    return pd.concat([theirs, own], ignore_index=True)
 
 def write_authors_code(root: str | Path = ".") -> pd.DataFrame:
-    "Rewrite `AUTHORS_CODE`: the authors' rows it holds, then fglit's from `AUTHORS_GRID` and `results/opfgl/runs.csv`."
-    root = Path(root)
-    read = lambda p: pd.read_csv(root / p, dtype={"table": str}, keep_default_na=False)
-    return merge_authors_code(root / AUTHORS_CODE, authors_code_rows(read(AUTHORS_GRID), read("results/opfgl/runs.csv")))
+    "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): Tables 1 and 5, O-pFGL with the code's settings as 'O-pFGL [code's settings]'."
+    return write_shared_authors_code("opfgl", ("1", "5"), AUTHORS_METHODS, {CODE_NOTE: CODE_NOTE}, root)
 
 # %% ../nbs/21_opfgl_results.ipynb #9a6fa753
 def per_class_scores(y, pred, num_classes: int) -> pd.DataFrame:

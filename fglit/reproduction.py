@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 __all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed',
            'results_file', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper',
            'partition_for', 'on_partition_files', 'with_provenance', 'merge_authors_code', 'authors_code_table',
-           'format_authors_table', 'miss_cause', 'authors_verdicts']
+           'format_authors_table', 'fglit_authors_rows', 'write_authors_code', 'miss_cause', 'authors_verdicts']
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -223,8 +223,8 @@ def merge_authors_code(path, fglit_rows: pd.DataFrame) -> pd.DataFrame:
 AUTHORS_COLUMNS = {("authors", "authors"): "authors' code", ("fglit", "authors"): "fglit, authors' partition",
                    ("fglit", "fglit"): "fglit, own partition"}
 
-def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",)) -> pd.DataFrame:
-    "One row per cell and metric: the paper, the authors' code, fglit on the authors' partition and on its own (mean, std, seeds; percent), the gap fglit - authors on the same partition, the seed noise and whether they agree."
+def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",), paper_method: dict | None = None) -> pd.DataFrame:
+    "One row per cell and metric: the paper, the authors' code, fglit on the authors' partition and on its own (mean, std, seeds; percent), the gap fglit - authors on the same partition, the seed noise and whether they agree; `paper_method` maps a row's method to the paper's name where they differ (a variant compared with the printed cell)."
     df = rows.copy()
     df["who"] = [AUTHORS_COLUMNS.get((str(s).split("@")[0], str(p))) for s, p in zip(df["source"], df["partition_source"])]
     if df["who"].isna().any():
@@ -236,7 +236,7 @@ def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accura
     for key, g in df.groupby(keys, sort=False):
         for m in metrics:
             row = dict(zip(keys, key), metric=m)
-            hit = paper[(paper.table.astype(str) == str(key[0])) & (paper.dataset == key[1]) & (paper.method == key[4])
+            hit = paper[(paper.table.astype(str) == str(key[0])) & (paper.dataset == key[1]) & (paper.method == (paper_method or {}).get(key[4], key[4]))
                         & (paper.metric == m) & (paper.note.fillna("") == "")]
             row["paper"] = float(hit["mean"].iloc[0]) if len(hit) else np.nan
             row["paper_std"] = float(hit["std"].iloc[0]) if len(hit) else np.nan
@@ -265,6 +265,23 @@ def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
     out["fglit - authors"] = [f"{g:+.2f} (noise {n:.2f})" if np.isfinite(g) and np.isfinite(n) else "-" for g, n in zip(t.gap, t.noise)]
     out["agree"] = t["agree"].map({True: "yes", False: "no", None: "-"})
     return out
+
+# %% ../nbs/08_reproduction.ipynb #f2b7d010
+def fglit_authors_rows(on_authors: pd.DataFrame, runs: pd.DataFrame, tables, methods, variants: dict | None = None) -> pd.DataFrame:
+    "fglit's rows for an `authors_code.csv`: those on the authors' partitions (a note containing a key of `variants` appends that label to the method, e.g. 'O-pFGL [code's settings]') and those on fglit's own partitions (`tables`, `methods`, no note, no quick run)."
+    theirs = on_authors.copy()
+    for needle, label in (variants or {}).items():
+        hit = theirs.note.astype(str).str.contains(needle, regex=False)
+        theirs.loc[hit, "method"] = theirs.loc[hit, "method"] + f" [{label}]"
+    quick = runs["quick"].astype(str) == "True" if "quick" in runs else pd.Series(False, index=runs.index)
+    own = runs[runs.table.astype(str).isin(list(tables)) & runs.method.isin(list(methods)) & (runs.note.fillna("") == "") & ~quick]
+    return pd.concat([theirs, own], ignore_index=True)
+
+def write_authors_code(paper: str, tables, methods, variants: dict | None = None, root: str | Path = ".") -> pd.DataFrame:
+    "Rewrite `results/<paper>/authors_code.csv`: the authors' rows it holds, then fglit's from `results/<paper>/fglit_on_authors.csv` (the grid on their partitions) and `runs.csv`."
+    d = Path(root) / "results" / paper
+    read = lambda name: pd.read_csv(d / name, dtype={"table": str}, keep_default_na=False)
+    return merge_authors_code(d / "authors_code.csv", fglit_authors_rows(read("fglit_on_authors.csv"), read("runs.csv"), tables, methods, variants))
 
 # %% ../nbs/08_reproduction.ipynb #d17c7044
 def _close(x: float, sx: float, y: float, sy: float) -> bool:

@@ -142,6 +142,23 @@ def test_node_level_alignment_trains_on_a_real_split(shared_root):
     assert all(0 < a <= 1 for a in accs.values()) and accs["node"] != accs["prototype"]
 
 
+def test_prototype_labels_train_val_gives_val_nodes_their_labels(shared_root):
+    "prototype_labels='train+val' (the authors' code): validation nodes carry their true class in the prototypes; 'train' (Alg. 1) pseudo-labels them."
+    from fglit.federation import run
+    with pytest.raises(ConfigError, match="prototype_labels must be train or train"):
+        make_config(FedPGConfig, {"prototype_labels": "all"})
+    box = {}
+    for choice in ("train", "train+val"):
+        run("fedpg", "Cora", "metis", 3, rounds=1, local_epochs=1, model="gcn", seeds=[0], root=shared_root, progress=False,
+            settings={"prototype_labels": choice, "pseudo_labels": False},
+            callback=lambda rnd, server, clients, choice=choice: box.update({choice: clients[0]}))
+    for choice, c in box.items():
+        _, labels = c.annotate_nodes()
+        val, y = c.data.masks["val"], c.data.graph.y
+        expected = y[val] if choice == "train+val" else torch.full_like(y[val], -1)     # no pseudo-labels: 'train' leaves them out
+        assert val.any() and torch.equal(labels[val], expected)
+
+
 def test_heterogeneous_assignment_is_equal_and_seeded():
     spec = ModelSpec("gcn", 8, 3, "node", 16, 2, 0.5)
     for seed in range(5):

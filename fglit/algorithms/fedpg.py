@@ -42,6 +42,7 @@ class FedPGConfig(FedConfig):
     hops: int = -1                    # L; -1: the smallest model depth among the clients
     hop_mode: str = "within"          # within: at most h hops; exact: exactly h hops (Decision 2)
     pseudo_labels: bool = True        # annotate unlabelled nodes (Alg. 1)
+    prototype_labels: str = "train"   # ground truth in the prototypes: "train" (Alg. 1) or "train+val" (the authors' code, train_fedpg.py:216; node tasks)
     pseudo_threshold: float = 0.0     # minimum softmax confidence of a pseudo-label
     attention_hidden: int = 16        # width of the neighbour-attention MLP
     attention_bound: float = 5.0      # attention scores are attention_bound * tanh(MLP(f(x)))
@@ -64,6 +65,8 @@ class FedPGConfig(FedConfig):
         super().validate()
         if self.align not in ("euclidean", "cosine"):
             raise ConfigError(f"align must be euclidean or cosine; got {self.align!r}")
+        if self.prototype_labels not in ("train", "train+val"):
+            raise ConfigError(f"prototype_labels must be train or train+val; got {self.prototype_labels!r}")
         if self.align_level not in ("prototype", "node"):
             raise ConfigError(f"align_level must be prototype or node; got {self.align_level!r}")
         if self.hop_mode not in HOP_MODES:
@@ -219,7 +222,8 @@ class FedPGClient(Client):
         self.model.eval()
         g = self.data.graph
         emb = self.model.encode(g.x, g.edge_index)
-        labels = annotate(self.model.head(emb), g.y, self.data.masks["train"], self.config.pseudo_labels, self.config.pseudo_threshold)
+        known = self.data.masks["train"] | (self.data.masks["val"] if self.config.prototype_labels == "train+val" else False)
+        labels = annotate(self.model.head(emb), g.y, known, self.config.pseudo_labels, self.config.pseudo_threshold)
         return emb, labels
 
     def operands(self, labels: Tensor, pairs: list[Tensor], n: int) -> list[SparseOperand]:
