@@ -204,6 +204,7 @@ REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, d
     "fedpg-figures": ("fglit.fedpg_analysis", "figure_experiments", "results/fedpg/figures.csv"),
     "opfgl-authors": ("fglit.opfgl_results", "authors_experiments", "results/opfgl/fglit_on_authors.csv"),   # on the authors' partitions
     "fedpg-authors": ("fglit.fedpg_results", "authors_experiments", "results/fedpg/fglit_on_authors.csv"),
+    "gpfl-authors": ("fglit.gpfl_results", "authors_experiments", "results/gpfl/fglit_on_authors.csv"),
 }
 
 def _grid_setting(text: str) -> tuple[int, float]:
