@@ -18,14 +18,15 @@ import torch
 from .algorithms.pfl import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
-from .reproduction import Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid
+from .reproduction import (Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid,
+                                write_authors_code as write_shared_authors_code)
 
 # %% auto #0
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'AUTHORS_SETTINGS', 'SAMPLED',
-           'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments', 'authors_experiments',
+           'AUTHORS_CODE', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments', 'authors_experiments',
            'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce', 'side_by_side',
-           'majority_baseline', 'table2', 'quality_bars', 'plot_ours_vs_paper', 'head_to_head', 'coverage',
-           'ordering_agreement', 'cap_experiments', 'cap_table']
+           'write_authors_code', 'authors_paper_numbers', 'majority_baseline', 'table2', 'quality_bars',
+           'plot_ours_vs_paper', 'head_to_head', 'coverage', 'ordering_agreement', 'cap_experiments', 'cap_table']
 
 # %% ../nbs/31_gpfl_results.ipynb #e4e23563
 #| code-fold: true
@@ -425,6 +426,28 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metri
                          paper_note="k=" + results.clients.astype(str) + " "                # rows written before the note named k
                                     + results.paper_note.astype(str).str.replace(r"^k=\d+ ", "", regex=True))
     return compare_with_paper(res, paper_numbers() if paper is None else paper, metrics)
+
+# %% ../nbs/31_gpfl_results.ipynb #10edad6d
+AUTHORS_CODE = "results/gpfl/authors_code.csv"
+
+def _authors_setting(rows: pd.DataFrame) -> pd.DataFrame:
+    "fglit's Table 2 rows of the authors' settings, the partition named as in `AUTHORS_CODE` ('dirichlet0.5')."
+    alpha = rows.note.astype(str).str.extract(r"alpha=([\d.]+)")[0].astype(float)
+    keep = pd.Series(False, index=rows.index)
+    for k, a in AUTHORS_SETTINGS:
+        keep |= (rows.clients.astype(int) == k) & (alpha == a)
+    return rows[keep].assign(partition="dirichlet" + alpha[keep].map("{:g}".format))
+
+def write_authors_code(root: str | Path = ".") -> pd.DataFrame:
+    "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): GPFL, FedAvg, GCFL+ at the authors' settings, fold 0."
+    notes = [f"alpha={a:g} fold 0" for _, a in AUTHORS_SETTINGS]
+    return write_shared_authors_code("gpfl", ("2",), AUTHORS_METHODS, None, root, own_notes=notes, transform=_authors_setting)
+
+def authors_paper_numbers() -> pd.DataFrame:
+    "Table 2's cells at the authors' settings, in the layout `authors_code_table` reads (partition 'dirichlet<alpha>', no note)."
+    p = paper_numbers()
+    alpha = p.note.str.extract(r"alpha=([\d.]+)")[0].astype(float)
+    return p.assign(partition="dirichlet" + alpha.map("{:g}".format), note="")[alpha == 0.5]
 
 # %% ../nbs/31_gpfl_results.ipynb #cc01dcbb
 def majority_baseline(dataset: str, clients: int, alpha: float, seeds=(0, 1, 2), fold: int = 0, cap: float = 0.95) -> float:

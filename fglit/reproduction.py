@@ -237,6 +237,7 @@ def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accura
         for m in metrics:
             row = dict(zip(keys, key), metric=m)
             hit = paper[(paper.table.astype(str) == str(key[0])) & (paper.dataset == key[1]) & (paper.method == (paper_method or {}).get(key[4], key[4]))
+                        & (paper.clients.astype(int) == int(key[3]) if "clients" in paper else True)
                         & (paper.metric == m) & (paper.note.fillna("") == "")]
             row["paper"] = float(hit["mean"].iloc[0]) if len(hit) else np.nan
             row["paper_std"] = float(hit["std"].iloc[0]) if len(hit) else np.nan
@@ -267,21 +268,24 @@ def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
     return out
 
 # %% ../nbs/08_reproduction.ipynb #f2b7d010
-def fglit_authors_rows(on_authors: pd.DataFrame, runs: pd.DataFrame, tables, methods, variants: dict | None = None) -> pd.DataFrame:
-    "fglit's rows for an `authors_code.csv`: those on the authors' partitions (a note containing a key of `variants` appends that label to the method, e.g. 'O-pFGL [code's settings]') and those on fglit's own partitions (`tables`, `methods`, no note, no quick run)."
+def fglit_authors_rows(on_authors: pd.DataFrame, runs: pd.DataFrame, tables, methods, variants: dict | None = None,
+                       own_notes=("",)) -> pd.DataFrame:
+    "fglit's rows for an `authors_code.csv`: those on the authors' partitions (a note containing a key of `variants` appends that label to the method, e.g. 'O-pFGL [code's settings]') and those on fglit's own partitions (`tables`, `methods`, a note in `own_notes`, no quick run)."
     theirs = on_authors.copy()
     for needle, label in (variants or {}).items():
         hit = theirs.note.astype(str).str.contains(needle, regex=False)
         theirs.loc[hit, "method"] = theirs.loc[hit, "method"] + f" [{label}]"
     quick = runs["quick"].astype(str) == "True" if "quick" in runs else pd.Series(False, index=runs.index)
-    own = runs[runs.table.astype(str).isin(list(tables)) & runs.method.isin(list(methods)) & (runs.note.fillna("") == "") & ~quick]
+    own = runs[runs.table.astype(str).isin(list(tables)) & runs.method.isin(list(methods)) & runs.note.fillna("").isin(list(own_notes)) & ~quick]
     return pd.concat([theirs, own], ignore_index=True)
 
-def write_authors_code(paper: str, tables, methods, variants: dict | None = None, root: str | Path = ".") -> pd.DataFrame:
+def write_authors_code(paper: str, tables, methods, variants: dict | None = None, root: str | Path = ".", own_notes=("",),
+                       transform: Callable | None = None) -> pd.DataFrame:
     "Rewrite `results/<paper>/authors_code.csv`: the authors' rows it holds, then fglit's from `results/<paper>/fglit_on_authors.csv` (the grid on their partitions) and `runs.csv`."
     d = Path(root) / "results" / paper
     read = lambda name: pd.read_csv(d / name, dtype={"table": str}, keep_default_na=False)
-    return merge_authors_code(d / "authors_code.csv", fglit_authors_rows(read("fglit_on_authors.csv"), read("runs.csv"), tables, methods, variants))
+    rows = fglit_authors_rows(read("fglit_on_authors.csv"), read("runs.csv"), tables, methods, variants, own_notes)
+    return merge_authors_code(d / "authors_code.csv", transform(rows) if transform else rows)
 
 # %% ../nbs/08_reproduction.ipynb #d17c7044
 def _close(x: float, sx: float, y: float, sy: float) -> bool:
