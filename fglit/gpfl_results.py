@@ -376,10 +376,10 @@ AUTHORS_PARTITIONS = "results/gpfl/authors_partitions/{dataset}_k{clients}_a{alp
 AUTHORS_METHODS = ("GPFL", "FedAvg", "GCFL+")
 AUTHORS_SETTINGS = ((25, 0.5), (15, 0.5))
 
-def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS) -> list[Experiment]:
+def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS, methods=AUTHORS_METHODS) -> list[Experiment]:
     "Table 2's GPFL, FedAvg and GCFL+ on the partitions and fold-0 splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed): the partition's own settings (alpha, folds, fold) are dropped, the file holds them."
     out = []
-    for e in gpfl_experiments(datasets=datasets, methods=AUTHORS_METHODS, settings=tuple(settings)):
+    for e in gpfl_experiments(datasets=datasets, methods=tuple(methods), settings=tuple(settings)):
         s = json.loads(e.settings)
         alpha = s.pop("alpha"); s.pop("folds"); s.pop("fold")
         out.append(replace(e, settings=json.dumps(s, sort_keys=True), note=f"{e.note}; authors' partition",

@@ -186,7 +186,7 @@ def partition_for(exp: Experiment, seed: int, dataset=None):
         return exp.partition
     from fglit.data import load_dataset
     from fglit.partition import load_partition_file
-    ds = load_dataset(exp.dataset) if dataset is None else dataset
+    ds = load_dataset(exp.dataset if dataset is None else dataset) if dataset is None or isinstance(dataset, str) else dataset
     return [load_partition_file(ds, _repo_path(exp.partition_file.format(seed=seed)), like=exp.partition)]
 
 AUTHORS_NOTE = "authors' partition"
