@@ -23,9 +23,9 @@ from .reproduction import (Experiment, compare_with_paper, format_side_by_side, 
 
 # %% auto #0
 __all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'AUTHORS_SETTINGS', 'SAMPLED',
-           'AUTHORS_CODE', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments', 'authors_experiments',
-           'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce', 'side_by_side',
-           'write_authors_code', 'authors_paper_numbers', 'majority_baseline', 'table2', 'quality_bars',
+           'AUTHORS_CODE', 'AUTHORS_PAPER_METHOD', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments',
+           'authors_experiments', 'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce',
+           'side_by_side', 'write_authors_code', 'authors_paper_numbers', 'majority_baseline', 'table2', 'quality_bars',
            'plot_ours_vs_paper', 'head_to_head', 'coverage', 'ordering_agreement', 'cap_experiments', 'cap_table']
 
 # %% ../nbs/31_gpfl_results.ipynb #e4e23563
@@ -429,6 +429,7 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metri
 
 # %% ../nbs/31_gpfl_results.ipynb #10edad6d
 AUTHORS_CODE = "results/gpfl/authors_code.csv"
+AUTHORS_PAPER_METHOD = {"GCFL+": "GCFL"}      # the code's `GCFL` mode runs GCFL+ (training.py:608): the paper's GCFL column
 
 def _authors_setting(rows: pd.DataFrame) -> pd.DataFrame:
     "fglit's Table 2 rows of the authors' settings, the partition named as in `AUTHORS_CODE` ('dirichlet0.5')."
