@@ -10,7 +10,7 @@ FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
 .PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
-	reproduce-gpfl reproduce-fedpg
+	reproduce-gpfl reproduce-fedpg reproduce-authors
 JOBS ?= 2
 
 # torch first, pinned to the CPU build (a local wheel here); the package's own range then installs nothing more.
@@ -65,6 +65,14 @@ reproduce-opfgl: setup
 	$(BIN)/fglit reproduce opfgl --tables fig3 fig7 fig9 fig8 fig10 --seeds 0 --jobs 2
 	$(BIN)/nbdev_test --flags slow --path nbs/21_opfgl_results.ipynb
 	$(BIN)/python benchmarks/opfgl_speed.py
+
+# fglit on the partitions the authors' code made (committed under results/<paper>/authors_partitions/; the authors'
+# code itself is never run from here), then results/<paper>/authors_code.csv rebuilt beside the authors' own rows.
+reproduce-authors: setup
+	$(BIN)/fglit reproduce opfgl-authors --jobs $(JOBS)
+	$(BIN)/fglit reproduce fedpg-authors --seeds 0 1 2 --jobs $(JOBS)
+	$(BIN)/fglit reproduce gpfl-authors --seeds 0 1 2 --jobs $(JOBS)
+	$(BIN)/python -c "import fglit.opfgl_results as o, fglit.fedpg_results as f, fglit.gpfl_results as g; [m.write_authors_code() for m in (o, f, g)]"
 
 reproduce-fedgls: setup
 	$(BIN)/fglit reproduce fedgls --tables tune --seeds 0 1 --jobs 2

@@ -281,7 +281,7 @@ def fglit_authors_rows(on_authors: pd.DataFrame, runs: pd.DataFrame, tables, met
 
 def write_authors_code(paper: str, tables, methods, variants: dict | None = None, root: str | Path = ".", own_notes=("",),
                        transform: Callable | None = None) -> pd.DataFrame:
-    "Rewrite `results/<paper>/authors_code.csv`: the authors' rows it holds, then fglit's from `results/<paper>/fglit_on_authors.csv` (the grid on their partitions) and `runs.csv`."
+    "Rewrite `results/<paper>/authors_code.csv`: the authors' rows it holds, then fglit's from `results/<paper>/fglit_on_authors.csv` (the grid on their partitions) and `runs.csv` (see `fglit_authors_rows`; `transform` reshapes fglit's rows first, e.g. to name a setting as the authors' rows do)."
     d = Path(root) / "results" / paper
     read = lambda name: pd.read_csv(d / name, dtype={"table": str}, keep_default_na=False)
     rows = fglit_authors_rows(read("fglit_on_authors.csv"), read("runs.csv"), tables, methods, variants, own_notes)
