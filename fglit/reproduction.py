@@ -303,6 +303,7 @@ def miss_cause(r) -> str:
     if agree and not _close(a, sa, paper, sp):
         return "the paper: the authors' code misses it too, and fglit agrees with that code"
     if agree is False: return "fglit differs from the authors' code on the same partition"
+    if not np.isfinite(a): return "not settled here: no run of the authors' code for this row"
     return "unexplained"
 
 def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[str]:
