@@ -27,13 +27,14 @@ from torch_geometric.data import Data
 from .core import cache_dir
 
 # %% auto #0
-__all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'LOUVAIN_PLUS_PACKING', 'NODE_METHODS', 'GRAPH_METHODS', 'PARTITIONERS',
-           'CACHE_FORMAT', 'CACHE_VERSION', 'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT', 'PARTITION_FILE_VERSION',
-           'FEDGLS_TABLE4', 'resolve_split', 'louvain_labels', 'metis_labels', 'GraphClient', 'Partition', 'louvain',
-           'community_graph', 'louvain_plus', 'metis_plus', 'metis', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid',
-           'partition_key', 'partition_path', 'canonical_method', 'partition', 'PartitionFileError', 'from_assignment',
-           'load_partition_file', 'save_partition_file', 'partition_report', 'report_records', 'partition_summary',
-           'plot_label_heatmap', 'plot_client_sizes', 'plot_partition', 'fedgls_table4']
+__all__ = ['SPLIT_PRESETS', 'DEFAULT_SPLIT', 'SOFT_DIRICHLET_DRAWS', 'LOUVAIN_PLUS_PACKING', 'NODE_METHODS', 'GRAPH_METHODS',
+           'PARTITIONERS', 'CACHE_FORMAT', 'CACHE_VERSION', 'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT',
+           'PARTITION_FILE_VERSION', 'FEDGLS_TABLE4', 'resolve_split', 'louvain_labels', 'metis_labels', 'GraphClient',
+           'Partition', 'louvain', 'community_graph', 'louvain_plus', 'metis_plus', 'metis', 'dirichlet',
+           'soft_dirichlet', 'two_group', 'iid', 'partition_key', 'partition_path', 'canonical_method', 'partition',
+           'PartitionFileError', 'from_assignment', 'load_partition_file', 'save_partition_file', 'partition_report',
+           'report_records', 'partition_summary', 'plot_label_heatmap', 'plot_client_sizes', 'plot_partition',
+           'fedgls_table4']
 
 # %% ../nbs/01_partition.ipynb #e3e39467
 @dataclass(eq=False)
@@ -391,16 +392,33 @@ def _round_margins(T, rows, cols):
         M[i, j] += 1; rr[i] -= 1; cr[j] -= 1
     return M
 
-def _soft_dirichlet_assign(y, num_classes, num_clients, alpha, cap, rng):
+def _sequential_counts(priors, rows, counts, rng) -> np.ndarray:
+    "The authors' draw (GPFL's `data_split.py:6-54`): again and again a client with room, chosen uniformly, takes one graph of a class drawn from its prior, among the classes not used up; the clients x classes counts."
+    room, left = rows.copy(), counts.copy()
+    M = np.zeros(priors.shape, dtype=np.int64)
+    for _ in range(int(rows.sum())):
+        c = rng.choice(np.flatnonzero(room > 0))
+        p = np.where(left > 0, priors[c], 0.0)
+        p = p / p.sum() if p.sum() > 0 else (left > 0) / (left > 0).sum()
+        k = rng.choice(len(p), p=p)
+        M[c, k] += 1; room[c] -= 1; left[k] -= 1
+    return M
+
+SOFT_DIRICHLET_DRAWS = ("margins", "sequential")
+
+def _soft_dirichlet_assign(y, num_classes, num_clients, alpha, cap, rng, draw="margins"):
     n = len(y)
     counts = np.bincount(y, minlength=num_classes)
     present = np.flatnonzero(counts)
     priors = _capped_priors(alpha, num_classes, num_clients, cap, rng)
     rows = np.full(num_clients, n // num_clients, dtype=np.int64)
     rows[: n % num_clients] += 1
-    T = _fit_margins(rows[:, None] * priors[:, present], rows.astype(np.float64), counts[present].astype(np.float64))
     M = np.zeros((num_clients, num_classes), dtype=np.int64)
-    M[:, present] = _round_margins(T, rows, counts[present])
+    if draw == "sequential":
+        M[:, present] = _sequential_counts(priors[:, present], rows, counts[present], rng)
+    else:
+        T = _fit_margins(rows[:, None] * priors[:, present], rows.astype(np.float64), counts[present].astype(np.float64))
+        M[:, present] = _round_margins(T, rows, counts[present])
     order, cls, pos, _ = _positions(y, np.zeros(n, dtype=np.int64), rng)
     bounds = np.cumsum(M, axis=0)                       # (K, C): cut points inside each class
     assign = np.empty(n, dtype=np.int64)
@@ -849,17 +867,19 @@ def dirichlet(dataset, num_clients: int, seed: int = 0, *, alpha: float = 0.5, m
     assign = _dirichlet_assign(src.y, K, alpha, _rng(seed, "dirichlet"), min_size, bool(balance), max_tries, src.unit)
     return _tail(src, "dirichlet", K, seed, params, assign, {}, split, folds, graphless_ratio)
 
-def soft_dirichlet(dataset, num_clients: int, seed: int = 0, *, alpha: float = 0.5, cap: float = 0.95,
+def soft_dirichlet(dataset, num_clients: int, seed: int = 0, *, alpha: float = 0.5, cap: float = 0.95, draw: str = "margins",
                    split=None, folds: int | None = None) -> Partition:
-    "GPFL's soft label skew: Dir(alpha) class priors per client capped at `cap`, equal-sized clients, every graph used."
+    "GPFL's soft label skew: Dir(alpha) class priors per client capped at `cap`, equal-sized clients, every graph used; counts fitted to the priors and the class sizes (`draw='margins'`) or drawn graph by graph as the authors' code does (`'sequential'`)."
     src = _as_source(dataset); _need_task(src, "soft_dirichlet", "graph")
     K, seed, params = _common(src, num_clients, seed, split, folds, 0.0, "soft_dirichlet")
     params.pop("graphless_ratio")
     alpha = _check_real("alpha", alpha, 0.0, math.inf, lo_open=True)
     present = int((np.bincount(src.y) > 0).sum())
     cap = _check_real("cap", cap, 1.0 / present, 1.0, why=f" (at least 1 / number of classes present = 1/{present})")
-    params.update(alpha=alpha, cap=cap)
-    assign, priors, counts = _soft_dirichlet_assign(src.y, src.num_classes, K, alpha, cap, _rng(seed, "soft_dirichlet"))
+    if draw not in SOFT_DIRICHLET_DRAWS:
+        raise ValueError(f"draw must be one of {list(SOFT_DIRICHLET_DRAWS)}, got {draw!r}")
+    params.update(alpha=alpha, cap=cap) if draw == "margins" else params.update(alpha=alpha, cap=cap, draw=draw)   # the cache key of 'margins' as before
+    assign, priors, counts = _soft_dirichlet_assign(src.y, src.num_classes, K, alpha, cap, _rng(seed, "soft_dirichlet"), draw)
     info = dict(priors=np.round(priors, 6).tolist(), counts=counts.tolist())
     return _tail(src, "soft_dirichlet", K, seed, params, assign, info, split, folds, 0.0)
 
