@@ -223,9 +223,13 @@ def merge_authors_code(path, fglit_rows: pd.DataFrame) -> pd.DataFrame:
 AUTHORS_COLUMNS = {("authors", "authors"): "authors' code", ("fglit", "authors"): "fglit, authors' partition",
                    ("fglit", "fglit"): "fglit, own partition"}
 
-def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",), paper_method: dict | None = None) -> pd.DataFrame:
-    "One row per cell and metric: the paper, the authors' code, fglit on the authors' partition and on its own (mean, std, seeds; percent), the gap fglit - authors on the same partition, the seed noise and whether they agree; `paper_method` maps a row's method to the paper's name where they differ (a variant compared with the printed cell)."
+def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",), paper_method: dict | None = None,
+                       authors_method: dict | None = None) -> pd.DataFrame:
+    "One row per cell and metric: the paper, the authors' code, fglit on the authors' partition and on its own (mean, std, seeds; percent), the gap fglit - authors on the same partition, the seed noise and whether they agree; `paper_method` maps a row's method to the paper's name where they differ (a variant compared with the printed cell); `authors_method` maps a fglit variant to the method whose authors' runs it is set against."
     df = rows.copy()
+    for variant, base in (authors_method or {}).items():      # e.g. fglit with the code's settings against the code's own runs
+        theirs = df[(df.method == base) & df.source.astype(str).str.startswith("authors@")]
+        df = pd.concat([df, theirs.assign(method=variant)], ignore_index=True)
     df["who"] = [AUTHORS_COLUMNS.get((str(s).split("@")[0], str(p))) for s, p in zip(df["source"], df["partition_source"])]
     if df["who"].isna().any():
         bad = df[df["who"].isna()].iloc[0]
