@@ -64,8 +64,8 @@ class _DefaultName(str):
 
 DEFAULT_PARTITION = _DefaultName("louvain")
 
-def partitions_from_files(args) -> list:
-    "`--partition-file FILE [FILE ...]`: one partition for every seed, or one per seed; `--partition`, when typed, names the partitioner they stand for."
+def partitions_from_files(args) -> tuple:
+    "`--partition-file FILE [FILE ...]`: the loaded dataset and one partition for every seed, or one per seed; `--partition`, when typed, names the partitioner they stand for."
     from fglit.partition import load_partition_file
     files = args.partition_file
     if len(files) not in (1, len(args.seeds)):
@@ -73,7 +73,7 @@ def partitions_from_files(args) -> list:
     like = None if getattr(args, "partition", DEFAULT_PARTITION) is DEFAULT_PARTITION else args.partition
     ds = load_dataset(args.dataset, args.root)
     try:
-        return [load_partition_file(ds, f, like=like) for f in files]
+        return ds, [load_partition_file(ds, f, like=like) for f in files]
     except ValueError as err:
         raise UsageError(str(err).splitlines()[0]) from None
 
@@ -133,7 +133,8 @@ def cmd_run(args) -> int:
                 raise UsageError("--pool trains one model on all the clients' nodes: it runs in process, not on Flower")
             result = run_on_flower(args, settings)
         elif getattr(args, "partition_file", None):
-            result = run(args.algorithm, args.dataset, partitions_from_files(args), rounds=args.rounds,
+            ds, parts = partitions_from_files(args)            # the dataset loaded once, for the files and the run
+            result = run(args.algorithm, ds, parts, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
                          progress=None if not args.quiet else False, pool=getattr(args, "pool", None))
         else:

@@ -174,20 +174,15 @@ def plot_against_paper(side: pd.DataFrame, band: float = 1.5, hue: str = "method
     return ax
 
 # %% ../nbs/08_reproduction.ipynb #fc0f6813
-def _repo_path(rel: str) -> Path:
-    "A path relative to the repository root, seen from the root or from `nbs/`."
-    for p in (Path(rel), Path("..") / rel):
-        if p.exists(): return p
-    return Path(rel)
-
 def partition_for(exp: Experiment, seed: int, dataset=None):
     "What `run` takes as its partition for `exp` at `seed`: the partitioner's name, or the partition read from `exp.partition_file`."
     if not exp.partition_file:
         return exp.partition
     from fglit.data import load_dataset
     from fglit.partition import load_partition_file
-    ds = load_dataset(exp.dataset if dataset is None else dataset) if dataset is None or isinstance(dataset, str) else dataset
-    return [load_partition_file(ds, _repo_path(exp.partition_file.format(seed=seed)), like=exp.partition)]
+    ds = load_dataset(dataset or exp.dataset) if dataset is None or isinstance(dataset, str) else dataset
+    path = exp.partition_file.format(seed=seed)
+    return [load_partition_file(ds, results_file(path) or path, like=exp.partition)]     # from the root or nbs/; a missing file is named
 
 AUTHORS_NOTE = "authors' partition"
 
@@ -257,16 +252,19 @@ def authors_code_table(rows: pd.DataFrame, paper: pd.DataFrame, metrics=("accura
             out.append(row)
     return pd.DataFrame(out)
 
+def _mean_std_seeds(r, who: str, missing: str = "-", seeds_word: bool = False) -> str:
+    "One column of an `authors_code_table` row as 'mean ± std (n)' ('(n seeds)' with `seeds_word`), or `missing`."
+    if not np.isfinite(r[who]): return missing
+    std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
+    n = int(r[who + " seeds"])
+    return f"{r[who]:.2f}{std} ({n}{(' seed' + ('s' if n > 1 else '')) if seeds_word else ''})"
+
 def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
     "`authors_code_table` for reading: 'mean ± std (seeds)' per column, the gap and the agreement."
-    def cell(r, who):
-        if not np.isfinite(r[who]): return "-"
-        std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
-        return f"{r[who]:.2f}{std} ({int(r[who + ' seeds'])})"
     out = t[["table", "dataset", "partition", "clients", "method", "metric"]].copy()
     out["paper"] = t["paper"].map(lambda v: f"{v:.2f}" if np.isfinite(v) else "-")
     for who in AUTHORS_COLUMNS.values():
-        out[who] = [cell(r, who) for _, r in t.iterrows()]
+        out[who] = [_mean_std_seeds(r, who) for _, r in t.iterrows()]
     out["fglit - authors"] = [f"{g:+.2f} (noise {n:.2f})" if np.isfinite(g) and np.isfinite(n) else "-" for g, n in zip(t.gap, t.noise)]
     out["agree"] = t["agree"].map({True: "yes", False: "no", None: "-"})
     return out
@@ -313,11 +311,6 @@ def miss_cause(r) -> str:
 def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[str]:
     "One sentence per row of `authors_code_table`, built from its numbers: the four columns, the agreement, and the cause of a remaining paper miss (with its sign)."
     names = metric_names or METRIC_NAMES
-    def ms(r, who):
-        if not np.isfinite(r[who]): return "not run"
-        std = f" ± {r[who + ' std']:.2f}" if np.isfinite(r[who + " std"]) else ""
-        n = int(r[who + " seeds"])
-        return f"{r[who]:.2f}{std} ({n} seed{'s' if n > 1 else ''})"
     out = []
     for _, r in t.iterrows():
         cell = f"{r['dataset']} {r['partition']} ({r['clients']} clients), {r['method']}, {names.get(r['metric'], r['metric'])}"
@@ -329,7 +322,7 @@ def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[
                     f"({r['gap']:+.2f}, seed noise {r['noise']:.2f})")
         own_gap = r["fglit, own partition"] - r["paper"]
         tail = f"; fglit on its own partition is {own_gap:+.2f} from the paper, cause: {miss_cause(r)}" if np.isfinite(own_gap) else ""
-        a, f, o = (ms(r, who) for who in AUTHORS_COLUMNS.values())
+        a, f, o = (_mean_std_seeds(r, who, "not run", seeds_word=True) for who in AUTHORS_COLUMNS.values())
         out.append(f"{cell}: paper {paper}; authors' code {a}; fglit on the authors' partition {f}; fglit on its own {o}; "
                    f"{same}{tail}.")
     return out
