@@ -31,7 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 # %% ../nbs/07_flower.ipynb #6e436704
-from .core import cpu_threads, reseed_torch, seed_everything
+from .core import cpu_threads, get_device, reseed_torch, seed_everything
 from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
                          get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
 
@@ -79,10 +79,11 @@ def put_message(record: RecordDict, message: dict, prefix: str = "fglit") -> Rec
     if nones: record[f"{prefix}.none"] = ConfigRecord(nones)
     return record
 
-def get_message(record: RecordDict, prefix: str = "fglit") -> dict:
-    "The fglit message `put_message` stored under `prefix` (tensors on the CPU; `{}` if none)."
+def get_message(record: RecordDict, prefix: str = "fglit", device: torch.device | str | None = None) -> dict:
+    "The fglit message `put_message` stored under `prefix` (`{}` if none), its tensors on `device`: by default fglit's device, where the receiving model or server state lives."
     out = {}
-    if f"{prefix}.arrays" in record: out.update({k: array_to_tensor(a) for k, a in record[f"{prefix}.arrays"].items()})
+    device = get_device() if device is None else torch.device(device)
+    if f"{prefix}.arrays" in record: out.update({k: array_to_tensor(a).to(device) for k, a in record[f"{prefix}.arrays"].items()})
     if f"{prefix}.values" in record: out.update(dict(record[f"{prefix}.values"].items()))
     if f"{prefix}.none" in record: out.update({k: None for k in record[f"{prefix}.none"]})
     return out

@@ -238,7 +238,7 @@ def test_bad_clients_run_without_errors(cora_parts):
     for c in clients:
         with torch.no_grad():
             prob = c.node_logits(c.personal.eval())
-        assert torch.isfinite(prob).all() and torch.allclose(prob.sum(1), torch.ones(prob.size(0)), atol=1e-5)
+        assert torch.isfinite(prob).all() and torch.allclose(prob.sum(1).cpu(), torch.ones(prob.size(0)), atol=1e-5)
         assert set(c.predict(c.evaluation_model(None))) == {"val", "test"}
         _, proba = c.predict_proba(c.evaluation_model(None), ("test",))["test"]       # already probabilities: not softmaxed again
         assert torch.allclose(proba, prob[c.data.masks["test"]])

@@ -182,7 +182,7 @@ def test_only_needed_keys_travel(cora_parts):
     assert all(set(m) == {"params", "embedding"} for m in up.values())
     assert up[0]["params"].numel() == flat_state(spec.build()).numel() and up[0]["embedding"].shape == (16,)
     server.aggregate(1, up)
-    assert torch.allclose(server.weights.sum(1), torch.ones(3, dtype=torch.float64))
+    assert torch.allclose(server.weights.sum(1).cpu(), torch.ones(3, dtype=torch.float64))
     _, _, server_s, clients_s = make_clients(ds, part, embedding_on="server")
     up_s = {i: clients_s[i].local_step(server_s.broadcast(1, [i])[i], 1) for i in range(3)}
     assert all(set(m) == {"params"} for m in up_s.values())
@@ -219,7 +219,7 @@ def test_single_client_and_identical_models(cora_parts):
     single.aggregate(1, {0: r})
     assert single.weights.item() == 1.0 and torch.equal(single.params[0], r["params"])
     server.aggregate(1, {i: r for i in range(3)})
-    assert torch.allclose(server.weights, torch.full((3, 3), 1 / 3, dtype=torch.float64))
+    assert torch.allclose(server.weights.cpu(), torch.full((3, 3), 1 / 3, dtype=torch.float64))
     assert torch.allclose(server.params, r["params"].expand(3, -1), atol=1e-6)
 
 

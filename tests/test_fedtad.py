@@ -224,9 +224,10 @@ def test_distillation_reduces_the_student_teacher_kl_on_generated_data():
     assert set(stats) == {"generator_loss", "semantic", "student_first", "student_last"}
     assert stats["student_last"] < stats["student_first"]
     W = teacher_weights(rel).to(student.head[1].weight.device)
-    labels = pseudo_labels(60, torch.arange(4))
+    dev = student.head[1].weight.device
+    labels = pseudo_labels(60, torch.arange(4)).to(dev)
     with torch.no_grad():
-        x, ei = d.generate(torch.randn(60, cfg.noise_dim), labels)
+        x, ei = d.generate(torch.randn(60, cfg.noise_dim).to(dev), labels)
         t = torch.stack([m(x, ei) for m in teachers])
     assert ensemble_kl(student, x, ei, t, W, labels) < ensemble_kl(before, x, ei, t, W, labels)
     assert all(not p.requires_grad for m in teachers for p in m.parameters()) and all(p.requires_grad for p in student.parameters())

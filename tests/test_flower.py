@@ -74,6 +74,16 @@ def test_numpy_arrays_come_back_as_tensors():
     assert torch.equal(array_to_tensor(tensor_to_array(torch.ones(2, dtype=torch.bfloat16))), torch.ones(2, dtype=torch.bfloat16))
 
 
+def test_received_tensors_land_on_fglits_device(monkeypatch):
+    "A message read off the wire goes where the receiving model and server state live (on a GPU run: CUDA, not the CPU)."
+    import fglit.flower as fl
+    record = message_to_record({"params": torch.arange(4.0), "weight": 2.0})
+    assert get_message(record, device="meta")["params"].device.type == "meta"
+    monkeypatch.setattr(fl, "get_device", lambda: torch.device("meta"))      # stands in for a CUDA device on a CPU machine
+    back = record_to_message(record)
+    assert back["params"].device.type == "meta" and back["weight"] == 2.0
+
+
 def test_unsupported_values_are_refused():
     with pytest.raises(TypeError): message_to_record({"a": [1, 2]})
     with pytest.raises(TypeError): message_to_record({"a": 2**70})

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
+from _device import DEV
+
 from fglit.algorithms.pfl import (GCFLServer, GCFLPlusServer, FedAMPClient, FedAMPServer, PFedGraphClient, PFedGraphServer,
                                   bipartition, collaboration_graph, cosine_matrix, dtw_distances, fedamp_weights, gcfl_similarity,
                                   heur_fedamp_weights, parameter_mask, parameter_views, project_simplex, split_wanted,
@@ -120,7 +122,7 @@ def opposite_updates(P, signs, scale, seed=0):
     g = torch.Generator().manual_seed(seed)
     mask = parameter_mask(SPEC.build())
     v = torch.zeros(P); v[mask] = unit(torch.randn(int(mask.sum()), generator=g))
-    return [scale * s * v + 0.01 * scale * torch.randn(P, generator=g) * mask for s in signs]
+    return [(scale * s * v + 0.01 * scale * torch.randn(P, generator=g) * mask).to(DEV) for s in signs]
 
 
 def test_gcfl_server_splits_opposite_groups_after_warmup_and_aggregates_within_clusters():
@@ -201,6 +203,7 @@ def test_gcfl_plus_waits_for_sequences_and_splits_by_their_shapes():
     group = [0, 1, 0, 1, 0, 1]                                           # same directions: cosines cannot tell them apart
     g = torch.Generator().manual_seed(0)
     v = torch.zeros(P); mask = parameter_mask(SPEC.build()); v[mask] = unit(torch.randn(int(mask.sum()), generator=g))
+    v = v.to(DEV)
     for rnd in range(3):
         deltas = [v * (rising if k == 0 else falling)[rnd] for k in group]
         gcfl_round(s, rnd + 1, deltas)
@@ -260,13 +263,13 @@ def test_fedamp_server_checks_the_step_and_aggregates_cloud_models():
         server("fedamp", [5, 5, 5], sigma=1.0, alpha_k=0.6)             # 0.6 * 2 > 1
     s = server("fedamp", [5, 5, 5], sigma=2.0)
     assert s.alpha_k == pytest.approx(2.0 / 3)
-    W = torch.randn(3, s.initial.numel()) * 0.1
+    W = (torch.randn(3, s.initial.numel()) * 0.1).to(DEV)
     s.aggregate(1, {i: {"params": W[i], "weight": 5.0} for i in range(3)})
     xi = fedamp_weights(W[:, s.mask], 2.0, 2.0 / 3)                    # attention on the trainable parameters
     assert torch.allclose(s.xi, xi) and torch.allclose(s.params, (xi @ W.double()).float(), atol=1e-6)
     h = server("fedamp", [5, 5, 5], attention="cosine", self_weight=0.3)
     h.aggregate(1, {i: {"params": W[i], "weight": 5.0} for i in range(3)})
-    assert torch.allclose(h.xi.diagonal(), torch.full((3,), 0.3, dtype=torch.float64))
+    assert torch.allclose(h.xi.diagonal().cpu(), torch.full((3,), 0.3, dtype=torch.float64))
 
 
 def tiny_clients(n):
@@ -338,9 +341,9 @@ def test_collaboration_graph_falls_back_to_data_sizes_and_follows_similarity():
 
 def test_pfedgraph_server_and_client_regulariser():
     s = server("pfedgraph", [5, 10, 5])
-    W = s.initial + 0.1 * torch.randn(3, s.initial.numel(), generator=torch.Generator().manual_seed(0))
+    W = s.initial + 0.1 * torch.randn(3, s.initial.numel(), generator=torch.Generator().manual_seed(0)).to(DEV)
     s.aggregate(1, {i: {"params": W[i], "weight": 1.0} for i in range(3)})
-    assert torch.allclose(s.graph.sum(1), torch.ones(3, dtype=torch.float64))
+    assert torch.allclose(s.graph.sum(1).cpu(), torch.ones(3, dtype=torch.float64))
     assert torch.allclose(s.params, (s.graph @ W.double()).float(), atol=1e-6)
     msg = s.broadcast(2, [1])[1]
     c = PFedGraphClient(1, tiny_clients(1)[0], s.config, SPEC)
@@ -370,9 +373,9 @@ def test_runs_on_nci1(name, shared_root):
         assert result.config["eps1"] == 1e9 and len(srv.history) == 2
         assert len(srv.clusters) >= 2                                  # forced splits happened
     if name == "fedamp":
-        assert torch.allclose(srv.xi.sum(1), torch.ones(4, dtype=torch.float64))
+        assert torch.allclose(srv.xi.sum(1).cpu(), torch.ones(4, dtype=torch.float64))
     if name == "pfedgraph":
-        assert torch.all(srv.graph >= 0) and torch.allclose(srv.graph.sum(1), torch.ones(4, dtype=torch.float64))
+        assert torch.all(srv.graph >= 0) and torch.allclose(srv.graph.sum(1).cpu(), torch.ones(4, dtype=torch.float64))
 
 
 def test_gcfl_on_nci1_uses_the_papers_thresholds(shared_root):
@@ -395,9 +398,9 @@ def test_cli_run_json(shared_root):
 def test_pfedgraph_similarity_compares_changes_since_the_right_start(similarity):
     s = server("pfedgraph", [5, 5, 5], similarity=similarity)
     g = torch.Generator().manual_seed(1)
-    s.params = s.initial + torch.randn(3, s.initial.numel(), generator=g)       # what each client started this round from
+    s.params = s.initial + torch.randn(3, s.initial.numel(), generator=g).to(DEV)   # what each client started this round from
     start = (s.initial if similarity == "cumulative" else s.params).clone()
-    W = s.params + 0.1 * torch.randn(3, s.initial.numel(), generator=g)
+    W = s.params + 0.1 * torch.randn(3, s.initial.numel(), generator=g).to(DEV)
     s.aggregate(2, {i: {"params": W[i], "weight": 5.0} for i in range(3)})
-    want = collaboration_graph(cosine_matrix((W - start)[:, s.mask]), torch.full((3,), 5.0), 0.8)
+    want = collaboration_graph(cosine_matrix((W - start)[:, s.mask]), torch.full((3,), 5.0, device=DEV), 0.8)
     assert torch.allclose(s.graph, want)

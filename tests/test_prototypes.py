@@ -7,6 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from _device import DEV
+
 from fglit.algorithms.prototypes import (FedProtoClient, FedProtoConfig, FedProtoServer, FedTGPClient, FedTGPConfig,
                                          FedTGPServer, adaptive_margin, aggregate_prototypes, margin_contrastive_loss,
                                          prototype_loss)
@@ -105,13 +107,13 @@ def test_fedproto_upload_is_only_class_sums_and_counts(cora):
     assert set(msg) == {"sums", "counts"}
     assert msg["sums"].shape == (C, d) and msg["counts"].shape == (C,)
     # the statistics are those of the trained model, in eval mode, over the client's training nodes
-    data = part.clients[0]
+    data = part.clients[0].clone().to(DEV)     # a copy: PyG's Data.to moves in place
     client.model.eval()
     with torch.no_grad():
         emb = client.model.encode(data.x, data.edge_index)[data.train_mask]
     y = data.y[data.train_mask]
     assert torch.equal(msg["counts"], torch.bincount(y, minlength=C).float())
-    assert torch.allclose(msg["sums"], torch.zeros(C, d).index_add_(0, y, emb), atol=1e-4)
+    assert torch.allclose(msg["sums"], torch.zeros(C, d, device=DEV).index_add_(0, y, emb), atol=1e-4)
     # bytes: C x d sums and C counts as float32, after an 8-byte length and a small JSON header
     buf = encode_message(msg)
     head = int.from_bytes(buf[:8], "little")
@@ -123,7 +125,7 @@ def test_fedproto_upload_is_only_class_sums_and_counts(cora):
 def test_fedtgp_uploads_means_of_the_same_statistics(cora):
     proto_client, *_ = make_client(FedProtoClient, FedProtoConfig, cora)
     tgp_client, _, config = make_client(FedTGPClient, FedTGPConfig, cora)
-    empty = {"protos": torch.zeros(7, config.hidden), "mask": torch.zeros(7, dtype=torch.bool)}
+    empty = {"protos": torch.zeros(7, config.hidden, device=DEV), "mask": torch.zeros(7, dtype=torch.bool, device=DEV)}
     torch.manual_seed(5); a = proto_client.local_step(empty, 1)
     torch.manual_seed(5); b = tgp_client.local_step(empty, 1)
     assert set(b) == {"protos", "mask"} and b["mask"].dtype == torch.bool
@@ -137,10 +139,10 @@ def test_client_adds_the_prototype_term_only_with_prototypes(cora):
     client, spec, config = make_client(FedProtoClient, FedProtoConfig, cora, lam=2.5)
     b = client.data.train_batches()[0]
     emb, logits = client.embed(client.model, b)
-    client.receive({"protos": torch.zeros(7, config.hidden), "mask": torch.zeros(7, dtype=torch.bool)})
+    client.receive({"protos": torch.zeros(7, config.hidden, device=DEV), "mask": torch.zeros(7, dtype=torch.bool, device=DEV)})
     assert client.extra_loss(b, emb, logits) is None
-    protos = torch.randn(7, config.hidden)
-    mask = torch.tensor([True, False, True, True, False, True, True])
+    protos = torch.randn(7, config.hidden).to(DEV)
+    mask = torch.tensor([True, False, True, True, False, True, True], device=DEV)
     client.receive({"protos": protos, "mask": mask})
     keep = mask[b.y]
     expected = 2.5 * ((emb[keep] - protos[b.y[keep]]) ** 2).sum() / (keep.sum() * config.hidden)
@@ -182,11 +184,11 @@ def test_fedtgp_server_uses_the_margin_and_trains_prototypes():
     torch.manual_seed(0)
     spec, config = small_spec(3, 4), FedTGPConfig(server_epochs=30, margin_threshold=100.0)
     server = FedTGPServer(config, [ClientInfo(i, 1, 1) for i in range(2)], spec)
-    protos = torch.randn(2, 3, 4) * 3
-    mask = torch.tensor([[True, True, False], [True, False, False]])
+    protos = (torch.randn(2, 3, 4) * 3).to(DEV)
+    mask = torch.tensor([[True, True, False], [True, False, False]], device=DEV)
     before = server.generator().detach()
     server.aggregate(1, {0: {"protos": protos[0], "mask": mask[0]}, 1: {"protos": protos[1], "mask": mask[1]}})
-    assert server.margin == pytest.approx(brute_force_margin(protos.numpy(), mask.numpy(), 100.0), rel=1e-5)
+    assert server.margin == pytest.approx(brute_force_margin(protos.cpu().numpy(), mask.cpu().numpy(), 100.0), rel=1e-5)
     assert server.mask.tolist() == [True, True, False]
     assert not torch.allclose(server.protos, before) and torch.equal(server.protos, server.generator().detach())
     assert not server.protos.requires_grad
