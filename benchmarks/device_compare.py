@@ -41,7 +41,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def algorithms(out: Path, rounds: int, only: list[str] | None) -> pd.DataFrame:
+def algorithms(out: Path, rounds: int, only: list[str] | None, settings: dict | None = None) -> pd.DataFrame:
     from fglit.data import load_dataset
     from fglit.federation import ALGORITHMS, ConfigError, get_algorithm, run
     get_algorithm("fedavg")
@@ -51,10 +51,16 @@ def algorithms(out: Path, rounds: int, only: list[str] | None) -> pd.DataFrame:
         ds = load_dataset(dataset)
         for name in names:
             row = dict(algorithm=name, task=task, dataset=dataset, partition=partition, clients=clients, rounds=rounds,
-                       device=_device_name())
+                       settings=json.dumps(settings or {}), device=_device_name())
             start = time.perf_counter()
             try:
-                result = run(name, ds, partition, clients, rounds=rounds, seeds=[0], progress=False)
+                try:
+                    result = run(name, ds, partition, clients, rounds=rounds, seeds=[0], progress=False, settings=settings)
+                except ConfigError as err:
+                    if "rounds must be" not in str(err):
+                        raise
+                    result = run(name, ds, partition, clients, seeds=[0], progress=False, settings=settings)  # one-shot: its own rounds
+                row["rounds"] = result.config["rounds"]
                 _sync()
                 seed_run = result.runs[0]
                 per_round = seed_run.per_round()
@@ -80,17 +86,21 @@ def algorithms(out: Path, rounds: int, only: list[str] | None) -> pd.DataFrame:
 
 def diff(cpu_csv: Path, cuda_csv: Path, out: Path) -> pd.DataFrame:
     a, b = pd.read_csv(cpu_csv), pd.read_csv(cuda_csv)
-    merged = a.merge(b, on=["algorithm", "task", "dataset", "partition", "clients", "rounds"], suffixes=("_cpu", "_cuda"))
+    for t in (a, b):
+        if "settings" not in t:            # files written before --settings existed ran with none
+            t["settings"] = "{}"
+    merged = a.merge(b, on=["algorithm", "task", "dataset", "partition", "clients", "settings"], suffixes=("_cpu", "_cuda"))
     rows = []
     for _, r in merged.iterrows():
-        row = dict(algorithm=r["algorithm"], task=r["task"], dataset=r["dataset"], rounds=r["rounds"],
+        row = dict(algorithm=r["algorithm"], task=r["task"], dataset=r["dataset"], rounds=r["rounds_cpu"], settings=r["settings"],
                    status_cpu=r["status_cpu"], status_cuda=r["status_cuda"],
                    accuracy_cpu=r.get("accuracy_cpu"), accuracy_cuda=r.get("accuracy_cuda"),
                    sim_time_s_cpu=r.get("sim_time_s_cpu"), sim_time_s_cuda=r.get("sim_time_s_cuda"),
                    device_cpu=r["device_cpu"], device_cuda=r["device_cuda"])
         if r["status_cpu"] == r["status_cuda"] == "ok":
             curves = [(json.loads(r[f"{k}_curve_cpu"]), json.loads(r[f"{k}_curve_cuda"])) for k in ("val", "test")]
-            row["max_round_diff"] = max(max(abs(x - y) for x, y in zip(c, g)) for c, g in curves)
+            gaps = [abs(x - y) for c, g in curves for x, y in zip(c, g) if x == x and y == y]   # NaN: a split some runs lack
+            row["max_round_diff"] = max(gaps) if gaps else float("nan")
             row["accuracy_diff"] = r["accuracy_cuda"] - r["accuracy_cpu"]
         else:
             row["error_cpu"], row["error_cuda"] = r.get("error_cpu"), r.get("error_cuda")
@@ -132,6 +142,7 @@ def main(argv=None) -> int:
     a = sub.add_parser("algorithms")
     a.add_argument("--rounds", type=int, default=5)
     a.add_argument("--only", nargs="*")
+    a.add_argument("--settings", type=json.loads, default=None, help='JSON settings for every run, e.g. {"dropout": 0}')
     a.add_argument("--out", type=Path, required=True)
     d = sub.add_parser("diff")
     d.add_argument("cpu_csv", type=Path)
@@ -142,7 +153,7 @@ def main(argv=None) -> int:
     t.add_argument("--out", type=Path, required=True)
     o = ap.parse_args(argv)
     if o.command == "algorithms":
-        algorithms(o.out, o.rounds, o.only)
+        algorithms(o.out, o.rounds, o.only, o.settings)
     elif o.command == "diff":
         print(diff(o.cpu_csv, o.cuda_csv, o.out).to_string())
     else:
