@@ -12,6 +12,6 @@ BASE_SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 VENV_SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$BASE_SITE" > "$VENV_SITE/_base_interpreter_site.pth"
 .venv/bin/python -m pip install --quiet --no-index --no-deps --no-compile --ignore-installed "$WHEELS"/*.whl
-.venv/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation -e .
+.venv/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation --use-pep517 -e .
 .venv/bin/python -c "import torch, torch_geometric, fglit; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), '| torch_geometric', torch_geometric.__version__, '| fglit', fglit.__version__)"
 touch .venv/bin/.installed
