@@ -22,8 +22,9 @@ from .reproduction import (Experiment, compare_with_paper, format_side_by_side, 
                                 write_authors_code as write_shared_authors_code)
 
 # %% auto #0
-__all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'AUTHORS_SETTINGS', 'SAMPLED',
-           'AUTHORS_CODE', 'AUTHORS_PAPER_METHOD', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments',
+__all__ = ['SETTINGS', 'GIN_SETUP', 'METHODS', 'VARIANTS', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'AUTHORS_SETTINGS',
+           'CODE_GIN_NOTE', 'CODE_GIN_LABEL', 'CODE_GIN_METHODS', 'SAMPLED', 'AUTHORS_CODE', 'AUTHORS_PAPER_METHOD',
+           'AUTHORS_VARIANT_BASE', 'QUALITY_BARS', 'CAP_STUDY', 'paper_numbers', 'gpfl_experiments',
            'authors_experiments', 'label_balanced_sample', 'grid_dataset', 'run_gpfl_experiment', 'reproduce',
            'side_by_side', 'write_authors_code', 'authors_paper_numbers', 'majority_baseline', 'table2', 'quality_bars',
            'plot_ours_vs_paper', 'head_to_head', 'coverage', 'ordering_agreement', 'cap_experiments', 'cap_table']
@@ -375,15 +376,21 @@ def gpfl_experiments(tables=("2",), datasets=("NCI1", "PROTEINS"), methods=tuple
 AUTHORS_PARTITIONS = "results/gpfl/authors_partitions/{dataset}_k{clients}_a{alpha:g}_seed{seed}_fold0.npz"
 AUTHORS_METHODS = ("GPFL", "FedAvg", "GCFL+")
 AUTHORS_SETTINGS = ((25, 0.5), (15, 0.5))
+CODE_GIN_NOTE, CODE_GIN_LABEL = "the code's GIN", "code's GIN"   # `GINGPFL` (02_models): the model every method of GPFL's code trains
+CODE_GIN_METHODS = ("FedAvg", "GCFL+")                        # the rows where fglit and the code differ on the same partition
 
-def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS, methods=AUTHORS_METHODS) -> list[Experiment]:
-    "Table 2's GPFL, FedAvg and GCFL+ on the partitions and fold-0 splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed): the partition's own settings (alpha, folds, fold) are dropped, the file holds them."
+def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS, methods=AUTHORS_METHODS,
+                        code_gin_methods=CODE_GIN_METHODS) -> list[Experiment]:
+    "Table 2's GPFL, FedAvg and GCFL+ on the partitions and fold-0 splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed): the partition's own settings (alpha, folds, fold) are dropped, the file holds them. The methods in `code_gin_methods` run a second time with the code's GIN (`model='gin_gpfl'`, note `CODE_GIN_NOTE`)."
     out = []
     for e in gpfl_experiments(datasets=datasets, methods=tuple(methods), settings=tuple(settings)):
         s = json.loads(e.settings)
         alpha = s.pop("alpha"); s.pop("folds"); s.pop("fold")
-        out.append(replace(e, settings=json.dumps(s, sort_keys=True), note=f"{e.note}; authors' partition",
-                           partition_file=AUTHORS_PARTITIONS.format(dataset=e.dataset, clients=e.clients, alpha=alpha, seed="{seed}")))
+        theirs = replace(e, settings=json.dumps(s, sort_keys=True), note=f"{e.note}; authors' partition",
+                         partition_file=AUTHORS_PARTITIONS.format(dataset=e.dataset, clients=e.clients, alpha=alpha, seed="{seed}"))
+        out.append(theirs)
+        if e.method in code_gin_methods:
+            out.append(replace(theirs, settings=json.dumps({**s, "model": "gin_gpfl"}, sort_keys=True), note=f"{theirs.note}; {CODE_GIN_NOTE}"))
     return out
 
 SAMPLED = {"Yeast": 19136}   # GPFL runs Yeast as a label-balanced sample of 19,136 of its 79,601 graphs
@@ -430,6 +437,8 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None, metri
 # %% ../nbs/31_gpfl_results.ipynb #10edad6d
 AUTHORS_CODE = "results/gpfl/authors_code.csv"
 AUTHORS_PAPER_METHOD = {"GCFL+": "GCFL"}      # the code's `GCFL` mode runs GCFL+ (training.py:608): the paper's GCFL column
+AUTHORS_VARIANT_BASE = {f"{m} [{CODE_GIN_LABEL}]": m for m in CODE_GIN_METHODS}   # set against the code's runs of the method
+AUTHORS_PAPER_METHOD.update({v: AUTHORS_PAPER_METHOD.get(m, m) for v, m in AUTHORS_VARIANT_BASE.items()})
 
 def _authors_setting(rows: pd.DataFrame) -> pd.DataFrame:
     "fglit's Table 2 rows of the authors' settings, the partition named as in `AUTHORS_CODE` ('dirichlet0.5')."
@@ -442,7 +451,8 @@ def _authors_setting(rows: pd.DataFrame) -> pd.DataFrame:
 def write_authors_code(root: str | Path = ".") -> pd.DataFrame:
     "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): GPFL, FedAvg, GCFL+ at the authors' settings, fold 0."
     notes = [f"alpha={a:g} fold 0" for _, a in AUTHORS_SETTINGS]
-    return write_shared_authors_code("gpfl", ("2",), AUTHORS_METHODS, None, root, own_notes=notes, transform=_authors_setting)
+    return write_shared_authors_code("gpfl", ("2",), AUTHORS_METHODS, {CODE_GIN_NOTE: CODE_GIN_LABEL}, root, own_notes=notes,
+                                     transform=_authors_setting)
 
 def authors_paper_numbers() -> pd.DataFrame:
     "Table 2's cells at the authors' settings, in the layout `authors_code_table` reads (partition 'dirichlet<alpha>', no note)."

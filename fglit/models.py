@@ -23,8 +23,8 @@ from .core import get_device, seed_everything
 __all__ = ['POOLS', 'TASKS', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head',
            'GraphModel', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
            'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE',
-           'SparseGINConv', 'GIN', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII',
-           'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP',
+           'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder',
+           'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP',
            'build_model', 'train_node_classifier']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
@@ -379,6 +379,31 @@ class GIN(GraphModel):
         encoder.sparse_input = not per_batch
         super().__init__(encoder, hidden, num_classes, task, pool, dropout)
 
+# %% ../nbs/02_models.ipynb #277ac415
+class _GPFLGINEncoder(nn.Module):
+    "Linear input layer, then GIN layers $h \\mapsto \\mathrm{MLP}(h_v + \\sum_{u \\to v} w_{uv} h_u)$ (MLP Linear-ReLU-Linear, eps 0, no batch norm), each followed by ReLU and dropout; `edge_weight` $w$ defaults to 1 (PyG's `GINConv`)."
+    def __init__(self, in_dim: int, hidden: int, layers: int, dropout: float):
+        super().__init__()
+        self.input = nn.Linear(_check_dim("in_dim", in_dim), _check_dim("hidden", hidden))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+                                  for _ in range(_check_dim("layers", layers)))
+        self.dropout = _check_dropout(dropout)
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        h = self.input(x.to_dense() if x.layout != torch.strided else x)
+        src, dst = edge_index
+        for mlp in self.mlps:
+            msg = h[src] if edge_weight is None else h[src] * edge_weight.unsqueeze(1).to(h.dtype)
+            h = dropout(F.relu(mlp(h + torch.zeros_like(h).index_add_(0, dst, msg))), self.dropout, self.training)
+        return h
+
+class GINGPFL(GraphModel):
+    "GIN as GPFL's code builds it: linear input layer, GIN layers without batch norm each followed by ReLU and dropout, sum readout, head Linear-ReLU-dropout-Linear."
+    def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 3, dropout: float = 0.5,
+                 task: str = "graph", pool: str | None = "sum"):
+        super().__init__(_GPFLGINEncoder(in_dim, hidden, layers, dropout), hidden, num_classes, task, pool)
+        self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), Dropout(dropout), nn.Linear(hidden, num_classes))
+
 # %% ../nbs/02_models.ipynb #9f58aaae
 class GAT(GraphModel):
     "Graph Attention Network (Veličković et al., ICLR 2018): `heads` heads of `hidden // heads` channels, concatenated."
@@ -551,7 +576,7 @@ class GAMLP(GraphModel):
 # %% ../nbs/02_models.ipynb #3642d7e4
 MODELS: dict[str, type[GraphModel]] = {"gcn": GCN, "kipfgcn": KipfGCN, "graphsage": GraphSAGE, "gat": GAT, "gin": GIN, "sgc": SGC,
                                        "ssgc": SSGC, "appnp": APPNP, "gcnii": GCNII, "gamlp": GAMLP, "sign": SIGN,
-                                       "mlp": MLP}
+                                       "mlp": MLP, "gingpfl": GINGPFL}
 MODEL_NAMES: list[str] = [c.__name__ for c in MODELS.values()]
 _ALIASES = {"sage": "graphsage", "s2gc": "ssgc"}
 

@@ -260,7 +260,7 @@ def test_adjacency_kinds():
 
 # ---------------------------------------------------------------- factory
 def test_factory_names_and_errors():
-    assert len(MODEL_NAMES) == 12 and len(set(MODEL_NAMES)) == 12
+    assert len(MODEL_NAMES) == 13 and len(set(MODEL_NAMES)) == 13
     for name in MODEL_NAMES:
         for spelled in (name, name.lower(), name.upper()):
             assert type(build_model(spelled, F_IN, C)).__name__ == name
