@@ -18,7 +18,7 @@ import torch
 from .algorithms.pfl import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
-from .reproduction import (Experiment, compare_with_paper, format_side_by_side, partition_for, run_grid,
+from .reproduction import (Experiment, compare_with_paper, format_side_by_side, partition_for, results_file, run_grid,
                                 write_authors_code as write_shared_authors_code)
 
 # %% auto #0
@@ -377,7 +377,7 @@ AUTHORS_PARTITIONS = "results/gpfl/authors_partitions/{dataset}_k{clients}_a{alp
 AUTHORS_METHODS = ("GPFL", "FedAvg", "GCFL+")
 AUTHORS_SETTINGS = ((25, 0.5), (15, 0.5))
 CODE_GIN_NOTE, CODE_GIN_LABEL = "the code's GIN", "code's GIN"   # `GINGPFL` (02_models): the model every method of GPFL's code trains
-CODE_GIN_METHODS = ("FedAvg", "GCFL+")                        # the rows where fglit and the code differ on the same partition
+CODE_GIN_METHODS = ("GPFL", "FedAvg", "GCFL+")
 
 def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS, methods=AUTHORS_METHODS,
                         code_gin_methods=CODE_GIN_METHODS) -> list[Experiment]:
@@ -388,6 +388,7 @@ def authors_experiments(datasets=("NCI1", "PROTEINS"), settings=AUTHORS_SETTINGS
         alpha = s.pop("alpha"); s.pop("folds"); s.pop("fold")
         theirs = replace(e, settings=json.dumps(s, sort_keys=True), note=f"{e.note}; authors' partition",
                          partition_file=AUTHORS_PARTITIONS.format(dataset=e.dataset, clients=e.clients, alpha=alpha, seed="{seed}"))
+        if results_file(theirs.partition_file.format(seed=0)) is None: continue      # a setting the code was not run on for this dataset
         out.append(theirs)
         if e.method in code_gin_methods:
             out.append(replace(theirs, settings=json.dumps({**s, "model": "gin_gpfl"}, sort_keys=True), note=f"{theirs.note}; {CODE_GIN_NOTE}"))

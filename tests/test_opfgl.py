@@ -329,3 +329,56 @@ def test_reproduce_survives_a_failing_run(tmp_path, shared_root):
     with pytest.warns(UserWarning, match="1 run"):
         rows = reproduce([bad, good], seeds=(0,), out=out, progress=False)
     assert len(rows) == 1 and len(pd.read_csv(out)) == 1 and rows.clients.tolist() == [3]
+
+
+# ---------------------------------------------------------------- the authors' code's behaviours as named options
+def test_early_stopping_ties_and_strict():
+    "'ties' keeps the last of equal best scores; 'strict' the first, and leaves a model never above 0 as trained."
+    from fglit.algorithms.opfgl import EarlyStopping
+    model = torch.nn.Linear(1, 1, bias=False)
+    kept = {}
+    for strict in (False, True):
+        stop = EarlyStopping(model, patience=2, strict=strict)
+        for step, score in enumerate([0.5, 0.5, 0.4, 0.3]):
+            model.weight.data.fill_(step)
+            if stop.check(score): break
+        kept[strict] = stop.restore().weight.item()
+        assert step == (2 if strict else 3)                      # stops after two checks without progress: a tie is none when strict
+    assert kept == {False: 1.0, True: 0.0}
+    stop = EarlyStopping(model, patience=5, strict=True)
+    model.weight.data.fill_(7.0); stop.check(0.0)
+    assert stop.restore().weight.item() == 7.0 and stop.state is None
+
+
+def test_shared_init_sends_one_initial_model_and_clients_load_it():
+    from fglit.federation import flat_state
+    clients = [_client(30, {0: 4, 1: 4, 2: 4}), _client(30, {0: 4, 1: 4}, seed=1)]
+    states = {}
+    for init in ("client", "shared"):
+        seen = []
+        from fglit.algorithms import opfgl
+        original = opfgl.OpFGLClient.stage1
+        def spy(self, graph, original=original):
+            seen.append(flat_state(self.model).clone())
+            return original(self, graph)
+        opfgl.OpFGLClient.stage1 = spy
+        try:
+            seed_run, box = _simulate(clients, hre=False, model_init=init)
+        finally:
+            opfgl.OpFGLClient.stage1 = original
+        states[init] = seen
+        if init == "shared":
+            assert torch.equal(seen[0], box["server"].init_state) and torch.equal(seen[1], seen[0])
+            assert seed_run.history.accuracy.notna().all()
+    assert not torch.equal(states["client"][0], states["client"][1])      # by default each client draws its own
+    with pytest.raises(ConfigError, match="model_init"):
+        make_config(OpFGLConfig, dict(model_init="shared", model_pool="hetero"))
+
+
+def test_smoothness_forms_differ_by_sign_and_a_constant():
+    from fglit.algorithms.opfgl import smoothness_loss
+    x, adj = torch.randn(5, 3), torch.rand(5, 5)
+    pen, sim = smoothness_loss(x, adj), smoothness_loss(x, adj, "similarity")
+    assert torch.allclose(pen + sim, torch.tensor(1.0))
+    with pytest.raises(ConfigError, match="smoothness"):
+        make_config(OpFGLConfig, dict(smoothness="kernel"))

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, make_optimizer,
-                              register_algorithm)
+from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, flat_state,
+                              load_flat_state, make_optimizer, register_algorithm)
 from ..models import propagate_hops
 
 # %% auto #0
@@ -85,6 +85,10 @@ class OpFGLConfig(FedConfig):
     finetune_loss: str = "ce"          # ce | focal (the "ft + focal" ablation)
     focal_gamma: float = 2.0
     model_pool: str = ""               # "" = every client runs `model`; "hetero" = the paper's 10-model pool
+    # the authors' code where it departs from the paper without changing what the paper defines (named options, see "Settings")
+    early_stopping: str = "ties"       # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
+    model_init: str = "client"         # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])
+    smoothness: str = "penalty"        # "penalty": minimise sum A'(1 - sim); "similarity": minimise sum A' sim ([code])
 
     def validate(self) -> None:
         super().validate()
@@ -102,11 +106,14 @@ class OpFGLConfig(FedConfig):
         bad = set(self.criteria) - set(HRE_CRITERIA)
         if bad: raise ConfigError(f"hre_criteria: unknown {sorted(bad)}; allowed: {', '.join(HRE_CRITERIA)}")
         for name, allowed in (("lambda_mode", ("adaptive", "fixed", "none")), ("finetune_loss", ("ce", "focal")),
-                              ("lambda_labels", ("soft", "raw")),
+                              ("lambda_labels", ("soft", "raw")), ("early_stopping", ("ties", "strict")),
+                              ("model_init", ("client", "shared")), ("smoothness", ("penalty", "similarity")),
                               ("model_pool", ("", "hetero"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
         if self.lambda_min > self.lambda_max: raise ConfigError("lambda_min must be <= lambda_max")
+        if self.model_init == "shared" and self.model_pool:
+            raise ConfigError("model_init='shared' needs one model for every client; model_pool='hetero' gives each its own")
         for name in ("feature_lr", "edge_lr", "stage1_lr", "finetune_lr"):
             if getattr(self, name) <= 0: raise ConfigError(f"{name} must be > 0")
 
@@ -238,10 +245,10 @@ def class_mean_std(feats: Tensor, labels: Tensor, num_classes: int) -> tuple[Ten
     var = class_sums(dev * dev, labels, num_classes)[0] / (n - 1).clamp_min(1)
     return mean, (var + 1e-12).sqrt() * (n > 1), count
 
-def smoothness_loss(x: Tensor, adj: Tensor) -> Tensor:
-    "$\\sum A'_{ij}(1 - \\mathrm{mean}_d e^{-(x_{id}-x_{jd})^2/2}) / \\sum A'_{ij}$."
+def smoothness_loss(x: Tensor, adj: Tensor, form: str = "penalty") -> Tensor:
+    "$\\sum A'_{ij}(1 - s_{ij}) / \\sum A'_{ij}$ with $s_{ij} = \\mathrm{mean}_d e^{-(x_{id}-x_{jd})^2/2}$; `form='similarity'`: $\\sum A'_{ij} s_{ij} / \\sum A'_{ij}$ ([code])."
     sim = torch.exp(-0.5 * (x.unsqueeze(1) - x.unsqueeze(0)).pow(2)).mean(-1)
-    return (adj * (1 - sim)).sum() / adj.sum().clamp_min(1e-12)
+    return (adj * (sim if form == "similarity" else 1 - sim)).sum() / adj.sum().clamp_min(1e-12)
 
 def surrogate_class_sizes(count_labeled: Tensor, present: Tensor, config: OpFGLConfig) -> Tensor:
     "Surrogate nodes per class: `surrogate_nodes_per_class`, or ceil(ratio x labeled count); 0 for absent classes; <= max in all."
@@ -322,7 +329,7 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         m, s, _ = class_mean_std(torch.cat(hops, 1), y, C)
         per_class = (m - target_mean).pow(2).mean(1) + (s - target_std).pow(2).mean(1) * multi
         align = (r * per_class * present.float()).sum()
-        smooth = smoothness_loss(x, a)
+        smooth = smoothness_loss(x, a, config.smoothness)
         return align, smooth
 
     history = []
@@ -353,20 +360,21 @@ def focal_loss(logits: Tensor, y: Tensor, gamma: float = 2.0) -> Tensor:
     return (-(1 - logp.exp()).pow(gamma) * logp).mean()
 
 class EarlyStopping:
-    "Keeps the weights of the best validation accuracy (ties count as progress); says stop after `patience` checks without it."
-    def __init__(self, model: nn.Module, patience: int):
-        self.model, self.patience, self.best, self.bad = model, patience, -1.0, 0
-        self.state = copy.deepcopy(model.state_dict())
+    "Keeps the weights of the best validation accuracy; says stop after `patience` checks without progress. A tie counts as progress, or with `strict` only a rise above the best so far (which starts at 0: a model never above 0 is left as trained, as the authors' code does)."
+    def __init__(self, model: nn.Module, patience: int, strict: bool = False):
+        self.model, self.patience, self.strict, self.bad, self.checks = model, patience, strict, 0, 0
+        self.best, self.state = (0.0, None) if strict else (-1.0, copy.deepcopy(model.state_dict()))
 
     def check(self, score: float) -> bool:
-        if score >= self.best:
+        self.checks += 1
+        if score > self.best or (score == self.best and not self.strict):
             self.best, self.bad, self.state = score, 0, copy.deepcopy(self.model.state_dict())
         else:
             self.bad += 1
         return self.bad >= self.patience
 
     def restore(self) -> nn.Module:
-        self.model.load_state_dict(self.state)
+        if self.state is not None: self.model.load_state_dict(self.state)
         return self.model
 
 # %% ../../nbs/20_opfgl.ipynb #bd8b28ea
@@ -421,13 +429,13 @@ class OpFGLClient(Client):
     def _train(self, loss_fn, lr: float, iters: int) -> int:
         "Adam on `loss_fn` with early stopping on validation accuracy; the best weights are restored; returns the iterations run."
         opt = make_optimizer(self.model, self.config, lr)
-        stopper, it = EarlyStopping(self.model, self.config.patience), 0
+        stopper, it = EarlyStopping(self.model, self.config.patience, strict=self.config.early_stopping == "strict"), 0
         for it in range(1, iters + 1):
             self.model.train(); opt.zero_grad()
             loss_fn().backward(); opt.step()
             if it % self.config.eval_interval == 0 and stopper.check(self.val_accuracy(self.model)):
                 break
-        if stopper.best < 0 or it % self.config.eval_interval: stopper.check(self.val_accuracy(self.model))
+        if not stopper.checks or it % self.config.eval_interval: stopper.check(self.val_accuracy(self.model))
         stopper.restore()
         return it
 
@@ -472,6 +480,7 @@ class OpFGLClient(Client):
     def local_step(self, message: Message, rnd: int) -> Message:
         if rnd == 1:
             return self.statistics()
+        if "init_state" in message: load_flat_state(self.model, message["init_state"])   # model_init='shared'
         graph = None
         if "graph_seed" in message and surrogate_possible(message["count"]):   # appendix G: build the graph here
             graph = surrogate_from_sums(message, self.spec.in_dim, self.config, int(message["graph_seed"]))
@@ -494,15 +503,21 @@ class OpFGLServer(Server):
         self.sums: dict[str, Tensor] | None = None
         self.graph: SurrogateGraph | None = None
         self.seed = int(torch.randint(0, 2**31 - 1, (1,)))
+        self.init_state = None
+        if config.model_init == "shared":          # the code's one initial model (main.py:707-711), drawn from the server's seed
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                self.init_state = flat_state(spec.build())
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
         if rnd == 1: return {cid: {} for cid in cids}
-        if not surrogate_possible(self.sums["count"]): return {cid: {"surrogate": "none"} for cid in cids}
+        init = {} if self.init_state is None else {"init_state": self.init_state}
+        if not surrogate_possible(self.sums["count"]): return {cid: {"surrogate": "none", **init} for cid in cids}
         if self.config.server_efficient:
             msg = {**{k: v.float() for k, v in self.sums.items()}, "graph_seed": self.seed}
         else:
             msg = self.graph.message()
-        return {cid: msg for cid in cids}
+        return {cid: {**msg, **init} for cid in cids}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
         if rnd != 1: return
