@@ -1184,7 +1184,7 @@ CODE_SETTINGS = {
 CODE_COMMON = dict(weight_decay=0.0, patience=10, lambda_labels="raw")     # every script: no weight decay, patience 10, raw LP scores in lambda
 CODE_NOTE = "code's settings"
 # what the code does beyond its scripts' flags, where it departs from the paper (`20_opfgl`, "Settings"): named options of fglit
-CODE_BEHAVIOUR = dict(early_stopping="strict", model_init="shared", smoothness="similarity")
+CODE_BEHAVIOUR = dict(early_stopping="strict", model_init="shared", smoothness="similarity", link_init="concat")
 CODE_BEHAVIOUR_NOTE = "code's settings and behaviour"
 
 def authors_experiments(tables=("1", "5"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:

@@ -382,3 +382,16 @@ def test_smoothness_forms_differ_by_sign_and_a_constant():
     assert torch.allclose(pen + sim, torch.tensor(1.0))
     with pytest.raises(ConfigError, match="smoothness"):
         make_config(OpFGLConfig, dict(smoothness="kernel"))
+
+
+def test_link_init_concat_draws_as_one_linear_on_the_pairs():
+    "'concat' bounds the split first layer by 1/sqrt(2F), as one Linear(2F, h); 'split' by 1/sqrt(F)."
+    import math
+    F_ = 200
+    torch.manual_seed(0)
+    split, concat = LinkPredictor(F_, 64), LinkPredictor(F_, 64, init="concat")
+    for lp, bound in ((split, 1 / math.sqrt(F_)), (concat, 1 / math.sqrt(2 * F_))):
+        for p in (lp.a.weight, lp.b.weight, lp.a.bias):
+            assert p.abs().max() <= bound and p.abs().max() > 0.9 * bound
+    with pytest.raises(ConfigError, match="link_init"):
+        make_config(OpFGLConfig, dict(link_init="wide"))

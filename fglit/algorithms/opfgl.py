@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ class OpFGLConfig(FedConfig):
     early_stopping: str = "ties"       # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
     model_init: str = "client"         # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])
     smoothness: str = "penalty"        # "penalty": minimise sum A'(1 - sim); "similarity": minimise sum A' sim ([code])
+    link_init: str = "split"           # the link predictor's first layer drawn as two Linear(F, h) ("split") or as one Linear(2F, h) ("concat", [code])
 
     def validate(self) -> None:
         super().validate()
@@ -108,6 +110,7 @@ class OpFGLConfig(FedConfig):
         for name, allowed in (("lambda_mode", ("adaptive", "fixed", "none")), ("finetune_loss", ("ce", "focal")),
                               ("lambda_labels", ("soft", "raw")), ("early_stopping", ("ties", "strict")),
                               ("model_init", ("client", "shared")), ("smoothness", ("penalty", "similarity")),
+                              ("link_init", ("split", "concat")),
                               ("model_pool", ("", "hetero"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
@@ -216,10 +219,13 @@ def pooled_statistics(count: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Te
 
 # %% ../../nbs/20_opfgl.ipynb #62851d20
 class LinkPredictor(nn.Module):
-    "$g$: a 3-layer MLP on $[x_i \\| x_j]$ for all pairs, symmetrised; its first layer is split into $W_a x_i + W_b x_j$."
-    def __init__(self, in_dim: int, hidden: int = 128):
+    "$g$: a 3-layer MLP on $[x_i \\| x_j]$ for all pairs, symmetrised; its first layer is split into $W_a x_i + W_b x_j$. `init='concat'` draws $W_a, W_b$ and the bias as one `Linear(2F, h)` would ($U(\\pm 1/\\sqrt{2F})$, the authors' code), `'split'` as two `Linear(F, h)` ($\\pm 1/\\sqrt F$)."
+    def __init__(self, in_dim: int, hidden: int = 128, init: str = "split"):
         super().__init__()
         self.a, self.b = nn.Linear(in_dim, hidden), nn.Linear(in_dim, hidden, bias=False)
+        if init == "concat":
+            bound = 1 / math.sqrt(2 * in_dim)
+            for p in (self.a.weight, self.b.weight, self.a.bias): nn.init.uniform_(p, -bound, bound)
         self.rest = nn.Sequential(nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden),
                                   nn.ReLU(), nn.Linear(hidden, 1))
 
@@ -310,7 +316,7 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         x = nn.Parameter(torch.randn(n, in_dim, generator=gen).to(device))
-        link = LinkPredictor(in_dim, config.edge_hidden).to(device)
+        link = LinkPredictor(in_dim, config.edge_hidden, config.link_init).to(device)
     opt_x = torch.optim.Adam([x], lr=config.feature_lr)
     opt_g = torch.optim.Adam(link.parameters(), lr=config.edge_lr)
     multi = (sizes > 1).to(device)
