@@ -1185,7 +1185,7 @@ CODE_COMMON = dict(weight_decay=0.0, patience=10, lambda_labels="raw")     # eve
 CODE_NOTE = "code's settings"
 # what the code does beyond its scripts' flags, where it departs from the paper (`20_opfgl`, "Settings"): named options of fglit
 CODE_BEHAVIOUR = dict(early_stopping="strict", model_init="shared", smoothness="similarity", link_init="concat")
-CODE_BEHAVIOUR_NOTE = "code's settings and behaviour"
+CODE_BEHAVIOUR_NOTE = "code's behaviour and settings"   # not containing CODE_NOTE: notes pick their variant by substring
 
 def authors_experiments(tables=("1", "5"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "Tables 1 and 5's one-shot rows on the partitions and splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed); O-pFGL also with the authors' script settings (`CODE_SETTINGS`)."
@@ -1214,7 +1214,7 @@ def side_by_side(results: pd.DataFrame, paper: pd.DataFrame | None = None,
 AUTHORS_CODE = "results/opfgl/authors_code.csv"
 
 def write_authors_code(root: str | Path = ".") -> pd.DataFrame:
-    "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): Tables 1 and 5, O-pFGL with the code's settings as 'O-pFGL [code's settings]' and with its behaviour too as 'O-pFGL [code's settings and behaviour]'."
+    "Rewrite `AUTHORS_CODE` (see `fglit.reproduction.write_authors_code`): Tables 1 and 5, O-pFGL with the code's settings as 'O-pFGL [code's settings]' and with its behaviour too as 'O-pFGL [code's behaviour and settings]'."
     return write_shared_authors_code("opfgl", ("1", "5"), AUTHORS_METHODS, {CODE_NOTE: CODE_NOTE, CODE_BEHAVIOUR_NOTE: CODE_BEHAVIOUR_NOTE}, root)
 
 # %% ../nbs/21_opfgl_results.ipynb #9a6fa753
