@@ -1185,7 +1185,7 @@ CODE_COMMON = dict(weight_decay=0.0, patience=10, lambda_labels="raw")     # eve
 CODE_NOTE = "code's settings"
 # what the code does beyond its scripts' flags, where it departs from the paper (`20_opfgl`, "Settings"): named options of fglit
 CODE_BEHAVIOUR = dict(early_stopping="strict", model_init="shared", smoothness="similarity", link_init="concat")
-CODE_BEHAVIOUR_NOTE = "code's behaviour and settings"   # not containing CODE_NOTE: notes pick their variant by substring
+CODE_BEHAVIOUR_NOTE = "code's behaviour and settings"
 
 def authors_experiments(tables=("1", "5"), datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "Tables 1 and 5's one-shot rows on the partitions and splits the authors' code made (`AUTHORS_PARTITIONS`, one file per seed); O-pFGL also with the authors' script settings (`CODE_SETTINGS`)."

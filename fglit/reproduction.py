@@ -272,10 +272,10 @@ def format_authors_table(t: pd.DataFrame) -> pd.DataFrame:
 # %% ../nbs/08_reproduction.ipynb #f2b7d010
 def fglit_authors_rows(on_authors: pd.DataFrame, runs: pd.DataFrame, tables, methods, variants: dict | None = None,
                        own_notes=("",)) -> pd.DataFrame:
-    "fglit's rows for an `authors_code.csv`: those on the authors' partitions (a note containing a key of `variants` appends that label to the method, e.g. 'O-pFGL [code's settings]') and those on fglit's own partitions (`tables`, `methods`, a note in `own_notes`, no quick run)."
+    "fglit's rows for an `authors_code.csv`: those on the authors' partitions (a note with a key of `variants` among its '; '-separated parts appends that label to the method, e.g. 'O-pFGL [code's settings]') and those on fglit's own partitions (`tables`, `methods`, a note in `own_notes`, no quick run)."
     theirs = on_authors.copy()
     for needle, label in (variants or {}).items():
-        hit = theirs.note.astype(str).str.contains(needle, regex=False)
+        hit = theirs.note.astype(str).str.split("; ").apply(lambda parts: needle in parts)
         theirs.loc[hit, "method"] = theirs.loc[hit, "method"] + f" [{label}]"
     quick = runs["quick"].astype(str) == "True" if "quick" in runs else pd.Series(False, index=runs.index)
     own = runs[runs.table.astype(str).isin(list(tables)) & runs.method.isin(list(methods)) & runs.note.fillna("").isin(list(own_notes)) & ~quick]

@@ -44,3 +44,14 @@ def test_results_file_is_found_from_the_root_or_from_nbs(tmp_path, monkeypatch):
     assert results_file("results/runs.csv") == Path("..") / "results/runs.csv"
     assert results_file("results/other.csv") is None
     assert results_file("results/runs.csv", "elsewhere.csv") is None          # an explicit path is not searched for
+
+
+def test_authors_variants_match_whole_note_parts():
+    "A variant key labels the rows whose note has it as one '; '-separated part: a key that starts another part labels nothing there."
+    from fglit.reproduction import fglit_authors_rows
+    on_authors = pd.DataFrame(dict(method=["M", "M", "M"], table="1", note=[
+        "authors' partition", "code's settings; authors' partition", "code's settings and more; authors' partition"]))
+    runs = pd.DataFrame(dict(method=[], table=[], note=[]))
+    rows = fglit_authors_rows(on_authors, runs, ("1",), ("M",), {"code's settings": "code's settings",
+                                                                  "code's settings and more": "more"})
+    assert rows.method.tolist() == ["M", "M [code's settings]", "M [more]"]

@@ -350,23 +350,20 @@ def test_early_stopping_ties_and_strict():
     assert stop.restore().weight.item() == 7.0 and stop.state is None
 
 
-def test_shared_init_sends_one_initial_model_and_clients_load_it():
+def test_shared_init_sends_one_initial_model_and_clients_load_it(monkeypatch):
+    from fglit.algorithms.opfgl import OpFGLClient
     from fglit.federation import flat_state
     clients = [_client(30, {0: 4, 1: 4, 2: 4}), _client(30, {0: 4, 1: 4}, seed=1)]
+    stage1, seen = OpFGLClient.stage1, []
+    def spy(self, graph):          # each client's model as stage 1 starts
+        seen.append(flat_state(self.model).clone())
+        return stage1(self, graph)
+    monkeypatch.setattr(OpFGLClient, "stage1", spy)
     states = {}
     for init in ("client", "shared"):
-        seen = []
-        from fglit.algorithms import opfgl
-        original = opfgl.OpFGLClient.stage1
-        def spy(self, graph, original=original):
-            seen.append(flat_state(self.model).clone())
-            return original(self, graph)
-        opfgl.OpFGLClient.stage1 = spy
-        try:
-            seed_run, box = _simulate(clients, hre=False, model_init=init)
-        finally:
-            opfgl.OpFGLClient.stage1 = original
-        states[init] = seen
+        seen.clear()
+        seed_run, box = _simulate(clients, hre=False, model_init=init)
+        states[init] = list(seen)
         if init == "shared":
             assert torch.equal(seen[0], box["server"].init_state) and torch.equal(seen[1], seen[0])
             assert seed_run.history.accuracy.notna().all()
