@@ -313,8 +313,8 @@ def cmd_flower_local(args) -> int:
 # %% ../nbs/06_cli.ipynb #3f9c2ef5
 def _algorithm_names() -> list[str]:
     "Every registered algorithm (importing the algorithm modules registers them)."
-    from fglit.federation import ALGORITHMS, _import_algorithms
-    _import_algorithms()
+    from fglit.federation import ALGORITHMS, load_algorithms
+    load_algorithms()
     return sorted(ALGORITHMS)
 
 def _add_run_arguments(p, algorithms: list[str]) -> None:

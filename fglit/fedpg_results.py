@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .federation import ALGORITHMS, _import_algorithms, run
+from .federation import ALGORITHMS, load_algorithms, run
 from .reproduction import (Experiment, compare_with_paper, completed, format_side_by_side, on_partition_files,
                                 partition_for, results_file, run_grid, write_authors_code as write_shared_authors_code)
 
@@ -182,7 +182,7 @@ GRAPH_SETUP = {"model": "gin"}
 
 def available_methods() -> set[str]:
     "The paper methods whose fglit algorithm is registered here."
-    _import_algorithms()
+    load_algorithms()
     return {m for m, (algo, _) in METHODS.items() if algo in ALGORITHMS}
 
 # %% ../nbs/51_fedpg_results.ipynb #49c3e31d

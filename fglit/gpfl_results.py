@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .algorithms.pfl import GraphPFLConfig
+from .algorithms.personalisation import GraphPFLConfig
 from .data import load_dataset
 from .federation import run
 from .reproduction import (Experiment, compare_with_paper, format_side_by_side, partition_for, results_file, run_grid,

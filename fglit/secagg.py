@@ -23,15 +23,15 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .federation import ConfigError, Message, encode_message, message_floats, message_nbytes
+from .fl.config import ConfigError
+from .fl.messages import Message, SumSpec, encode_message, message_floats, message_nbytes
 from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 
 # %% auto #0
-__all__ = ['RING_BITS', 'PRIME', 'STEPS', 'SUM_SPECS', 'SecAggError', 'ThresholdError', 'MessageRejected', 'FixedPointOverflow',
-           'FixedPoint', 'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct', 'secagg_plus_degree',
-           'neighbour_graph', 'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer', 'SecAggResult',
-           'make_identities', 'secure_sum', 'view_contains', 'SumSpec', 'declare_sums', 'sum_spec', 'declared_spec',
-           'Uplink']
+__all__ = ['RING_BITS', 'PRIME', 'STEPS', 'SecAggError', 'ThresholdError', 'MessageRejected', 'FixedPointOverflow', 'FixedPoint',
+           'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct', 'secagg_plus_degree', 'neighbour_graph',
+           'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer', 'SecAggResult', 'make_identities',
+           'secure_sum', 'view_contains', 'sum_spec', 'declared_spec', 'Uplink']
 
 # %% ../nbs/05_secagg.ipynb #a03ea9d6
 class SecAggError(RuntimeError):
@@ -423,34 +423,6 @@ def view_contains(view: list[Message], vector: np.ndarray, fixed: FixedPoint = F
     return any(p in blob for p in patterns if p)
 
 # %% ../nbs/05_secagg.ipynb #b59f3d57
-@dataclass(frozen=True)
-class SumSpec:
-    "What secure aggregation sums for an algorithm (see above)."
-    weight: str | None = None
-    weighted: tuple[str, ...] = ()
-    group: Callable | None = None
-    dp: str = "statistics"
-    dtype: torch.dtype | None = None
-    public: tuple[str, ...] = ()
-
-def _model_group(server, cid: int):
-    return server.clients[cid].spec
-
-_WEIGHTED = SumSpec(weight="weight", weighted=("params",), group=_model_group, dp="update")
-SUM_SPECS: dict[str, SumSpec] = {
-    "standalone": SumSpec(),
-    "fedavg": _WEIGHTED, "fedavg_ft": _WEIGHTED, "fedprox": _WEIGHTED, "moon": _WEIGHTED, "fedstar": _WEIGHTED,
-    "scaffold": SumSpec(weight="weight", weighted=("delta_params",), dp="update"),
-    "fedgls": SumSpec(weight="weight", weighted=("gnn", "mlp"), dp="update"),
-    "fedproto": SumSpec(),
-    "opfgl": SumSpec(dtype=torch.float64),
-    "fedpg": SumSpec(public=("counts",)),     # sums_only=False: local DP only (its server needs each client's prototypes)
-}
-
-def declare_sums(name: str, spec: SumSpec) -> None:
-    "Declare what secure aggregation sums for the algorithm registered as `name`."
-    SUM_SPECS[name.lower()] = spec
-
 def sum_spec(algorithm) -> SumSpec:
     "The algorithm's `SumSpec`; a `ConfigError` naming it if its server needs individual messages."
     if not algorithm.sums_only:
@@ -459,8 +431,8 @@ def sum_spec(algorithm) -> SumSpec:
     return declared_spec(algorithm) or SumSpec()
 
 def declared_spec(algorithm) -> SumSpec | None:
-    "The `SumSpec` declared for `algorithm` (its server's `secure_sums`, else `SUM_SPECS`), or None."
-    return getattr(algorithm.server, "secure_sums", None) or SUM_SPECS.get(algorithm.name)
+    "The `SumSpec` declared for `algorithm` (its server's `secure_sums`, else the `sums` it was registered with), or None."
+    return getattr(algorithm.server, "secure_sums", None) or getattr(algorithm, "sums", None)
 
 # %% ../nbs/05_secagg.ipynb #db1dcbfe
 def _numeric_fields(reply: Message) -> dict[str, torch.Tensor]:
@@ -480,7 +452,7 @@ class Uplink:
         if self.dp and not algorithm.sums_only and declared_spec(algorithm) is None:
             raise ConfigError(f"{algorithm.name}: its server needs individual messages (sums_only=False) and no SumSpec says "
                               "which of its reply fields differential privacy should clip and noise; declare one with "
-                              "fglit.secagg.declare_sums")
+                              "register_algorithm(..., sums=SumSpec(...))")
         self.params = SecAggParams(config.secagg_threshold, config.secagg_neighbours, config.secagg_frac_bits)
         self.identities = make_identities(range(num_clients)) if self.secure else {}
         self.session = uuid.uuid4().hex

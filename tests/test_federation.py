@@ -362,8 +362,8 @@ def test_runs_record_auc_beside_accuracy(cora, shared_root):
 
 def test_every_algorithm_refuses_what_its_config_declares():
     "`node_task_only` / `graph_task_only` / `one_model_only` are enforced through `resolve_run_config` and `make_config`, for every registered algorithm."
-    from fglit.federation import ALGORITHMS, _import_algorithms, make_config, resolve_run_config
-    _import_algorithms()
+    from fglit.federation import ALGORITHMS, load_algorithms, make_config, resolve_run_config
+    load_algorithms()
     declared = {kind: {n for n, a in ALGORITHMS.items() if getattr(a.config, kind)} for kind in ("node_task_only", "graph_task_only", "one_model_only")}
     assert declared["node_task_only"] == {"adafgl", "fedgls", "fedgta", "fedsage", "fedtad", "opfgl"}
     assert declared["graph_task_only"] == {"fedstar", "gpfl"}

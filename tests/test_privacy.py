@@ -91,7 +91,7 @@ def test_dp_update_is_clipped_around_the_broadcast_model(shared_root):
 def test_individual_message_algorithms_get_local_dp_only_when_declared(shared_root):
     from fglit.data import load_dataset
     cora = load_dataset("Cora", shared_root)
-    with pytest.raises(ConfigError, match="declare_sums"):          # GCFL: no SumSpec says what to clip
+    with pytest.raises(ConfigError, match="sums=SumSpec"):          # GCFL: no SumSpec says what to clip
         run("gcfl", cora, "louvain", 3, rounds=1, seeds=[0], progress=False, settings={"dp_noise": 1.0})
     with pytest.raises(ConfigError, match="individual"):            # FedPG: local DP yes, secure aggregation no
         run("fedpg", cora, "metis", 3, rounds=1, seeds=[0], progress=False,

@@ -14,8 +14,9 @@ from torch import Tensor, nn
 
 from .fedavg import FedAvgClient, FedAvgServer
 from ..federation import ConfigError, FedConfig, LocalData, Message, ModelSpec, register_algorithm
+from ..fl.messages import WEIGHTED_PARAMS
 from ..models import SPARSE_INPUT_DENSITY, Dropout, SparseOperand, adjacency, spmm
-from ..secagg import SUM_SPECS, declare_sums
+
 
 # %% auto #0
 __all__ = ['FUSIONS', 'ADAFGL', 'AdaFGLConfig', 'personal_epochs_in_round', 'knowledge_edges', 'knowledge_adjacency',
@@ -357,6 +358,7 @@ class AdaFGLServer(FedAvgServer):
         return super().shared_evaluation_message() if self.step == 1 else None
 
 ADAFGL = register_algorithm("adafgl", AdaFGLClient, AdaFGLServer, AdaFGLConfig, sums_only=True,
+                            sums=WEIGHTED_PARAMS,     # step 1 uploads what FedAvg uploads; step 2 uploads nothing
                             paper="Li, Wu, Zhang, Sun, Li & Wang, AdaFGL: A New Paradigm for Federated Node Classification "
                                   "with Topology Heterogeneity, ICDE 2024")
-declare_sums("adafgl", SUM_SPECS["fedavg"])     # step 1 uploads what FedAvg uploads; step 2 uploads nothing
+

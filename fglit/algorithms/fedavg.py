@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..federation import (Client, ConfigError, FedConfig, Message, Server, flat_state, load_flat_state,
                               register_algorithm, weighted_mean)
+from ..fl.messages import WEIGHTED_PARAMS, SumSpec
 
 # %% auto #0
 __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
@@ -31,7 +32,7 @@ class StandaloneClient(Client):
         self.fit(self.config.local_epochs)
         return {}
 
-register_algorithm("standalone", StandaloneClient, Server, StandaloneConfig, paper="local training, no communication")
+register_algorithm("standalone", StandaloneClient, Server, StandaloneConfig, paper="local training, no communication", sums=SumSpec())
 
 # %% ../../nbs/10_fedavg.ipynb #13dc9952
 @dataclass
@@ -95,7 +96,7 @@ class FedAvgServer(Server):
     def shared_evaluation_message(self) -> Message | None:
         return None if self.group_params else {"params": self.params}
 
-register_algorithm("fedavg", FedAvgClient, FedAvgServer, FedAvgConfig, paper="McMahan et al., AISTATS 2017")
+register_algorithm("fedavg", FedAvgClient, FedAvgServer, FedAvgConfig, paper="McMahan et al., AISTATS 2017", sums=WEIGHTED_PARAMS)
 
 @dataclass
 class FedAvgFinetuneConfig(FedAvgConfig):
@@ -109,7 +110,7 @@ class FedAvgFinetuneConfig(FedAvgConfig):
         if self.rounds <= self.federated_rounds: raise ConfigError("fedavg_ft needs rounds > federated_rounds (the download round)")
 
 register_algorithm("fedavg_ft", FedAvgClient, FedAvgServer, FedAvgFinetuneConfig,
-                   paper="McMahan et al., AISTATS 2017; one round + local fine-tuning as in O-pFGL's tables")
+                   paper="McMahan et al., AISTATS 2017; one round + local fine-tuning as in O-pFGL's tables", sums=WEIGHTED_PARAMS)
 
 # %% ../../nbs/10_fedavg.ipynb #89ea2198
 @dataclass
@@ -126,7 +127,7 @@ class FedProxClient(FedAvgClient):
     def extra_loss(self, b, emb: Tensor, logits: Tensor) -> Tensor:
         return self.config.mu / 2 * sum(((p - a) ** 2).sum() for p, a in zip(self.model.parameters(), self.anchor))
 
-register_algorithm("fedprox", FedProxClient, FedAvgServer, FedProxConfig, paper="Li et al., MLSys 2020")
+register_algorithm("fedprox", FedProxClient, FedAvgServer, FedProxConfig, paper="Li et al., MLSys 2020", sums=WEIGHTED_PARAMS)
 
 # %% ../../nbs/10_fedavg.ipynb #57a1f5d4
 @dataclass
@@ -200,7 +201,8 @@ class ScaffoldServer(FedAvgServer):
         self.params = self.params + self.config.global_lr * weighted_mean([m["delta_params"] for m in r], [m["weight"] for m in r])
         self.control = self.control + torch.stack([m["delta_control"] for m in r]).sum(0) / len(self.clients)
 
-register_algorithm("scaffold", ScaffoldClient, ScaffoldServer, ScaffoldConfig, paper="Karimireddy et al., ICML 2020")
+register_algorithm("scaffold", ScaffoldClient, ScaffoldServer, ScaffoldConfig, paper="Karimireddy et al., ICML 2020",
+                   sums=SumSpec(weight="weight", weighted=("delta_params",), dp="update"))
 
 # %% ../../nbs/10_fedavg.ipynb #72428beb
 @dataclass
@@ -235,4 +237,4 @@ class MoonClient(FedAvgClient):
         load_flat_state(self.previous_model, reply["params"])
         return reply
 
-register_algorithm("moon", MoonClient, FedAvgServer, MoonConfig, paper="Li, He & Song, CVPR 2021")
+register_algorithm("moon", MoonClient, FedAvgServer, MoonConfig, paper="Li, He & Song, CVPR 2021", sums=WEIGHTED_PARAMS)

@@ -15,6 +15,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
                               load_flat_state, make_optimizer, mlp_spec, register_algorithm, weighted_mean)
+from ..fl.messages import SumSpec
 from ..models import SparseOperand, dropout, spmm
 
 # %% auto #0
@@ -269,7 +270,8 @@ class FedGLSServer(Server):
         return {"params": self.gnn}
 
 register_algorithm("fedgls", FedGLSClient, FedGLSServer, FedGLSConfig,
-                   paper="Wang et al., Federated Graph Learning with Graphless Clients, TMLR 2024")
+                   paper="Wang et al., Federated Graph Learning with Graphless Clients, TMLR 2024",
+                   sums=SumSpec(weight="weight", weighted=("gnn", "mlp"), dp="update"))
 
 # %% ../../nbs/40_fedgls.ipynb #73d192e1
 def edge_overlap(learned: Tensor, true: Tensor, num_nodes: int) -> dict:

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import remove_self_loops
 
-from .fedpub import personalise
-from .pfl import PersonalisedServer, cosine_matrix
+from .personalisation import PersonalisedServer, cosine_matrix, personalise
 from ..federation import Client, ConfigError, FedConfig, Message, flat_state, load_flat_state, register_algorithm
 
 # %% auto #0

@@ -17,6 +17,7 @@ from .prototypes import HETEROGENEOUS_MODELS, TrainablePrototypes, client_model_
 from ..core import get_device
 from ..federation import (SPLITS, Client, ClientInfo, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server,
                               class_sums, make_optimizer, register_algorithm)
+from ..fl.messages import SumSpec
 from ..models import SparseOperand, knn_graph, spmm
 
 # %% auto #0
@@ -449,4 +450,5 @@ class FedPGServer(Server):
         self.personal = {c: fused[i] for i, c in enumerate(cids)}
 
 FEDPG = register_algorithm("fedpg", FedPGClient, FedPGServer, FedPGConfig,
-                           paper="Wu, Li, Zhu, Li, Wang & Zhou, Federated Prototype Graph Learning", sums_only=False)
+                           paper="Wu, Li, Zhu, Li, Wang & Zhou, Federated Prototype Graph Learning", sums_only=False,
+                           sums=SumSpec(public=("counts",)))     # local DP only: its server needs each client's prototypes

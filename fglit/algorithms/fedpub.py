@@ -15,14 +15,14 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch_geometric.data import Data
 
-from .pfl import GraphPFLConfig, PersonalisedServer, cosine_matrix
+from .personalisation import GraphPFLConfig, PersonalisedServer, cosine_matrix, personalise, similarity_weights
 from ..core import get_device
 from ..federation import (Batch, Client, ConfigError, FedConfig, Message, flat_state, load_flat_state,
                               register_algorithm)
 
 # %% auto #0
 __all__ = ['MASK_MODES', 'FEDPUB', 'FedPUBConfig', 'fedpub_defaults', 'sbm_graph', 'random_graph', 'functional_embedding',
-           'similarity_weights', 'personalise', 'MaskedModel', 'FedPUBClient', 'FedPUBServer']
+           'MaskedModel', 'FedPUBClient', 'FedPUBServer']
 
 # %% ../../nbs/15_fedpub.ipynb #f02f3ae3
 MASK_MODES = ("weights", "all", "none")
@@ -102,20 +102,6 @@ def functional_embedding(model: nn.Module, graph: Data) -> Tensor:
         return model.encode(graph.x, graph.edge_index, graph.batch).mean(0)
     finally:
         model.train(was_training)
-
-# %% ../../nbs/15_fedpub.ipynb #6c48dfa4
-def similarity_weights(embeddings: Tensor, tau: float, sizes: Tensor | None = None) -> Tensor:
-    "`[K, K]` float64 rows alpha_i = softmax_j(tau cos(h_i, h_j) [+ log n_j]): each row a convex combination."
-    logits = float(tau) * cosine_matrix(embeddings)
-    if sizes is not None:
-        sizes = torch.as_tensor(sizes, dtype=torch.float64, device=logits.device)
-        if (sizes <= 0).any(): raise ValueError("size weighting needs every client to have training data (sizes > 0)")
-        logits = logits + sizes.log().unsqueeze(0)
-    return torch.softmax(logits, dim=1)
-
-def personalise(weights: Tensor, states: Tensor) -> Tensor:
-    "$\\bar\\Theta=\\alpha\\Theta$: row i is client i's personalised model (`states` `[K, P]`)."
-    return (weights.to(torch.float64) @ states.to(torch.float64)).to(states.dtype)
 
 # %% ../../nbs/15_fedpub.ipynb #1f6b83be
 class _Apply(nn.Module):

@@ -15,72 +15,17 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch as GraphBatch, Data
 
 from .fedavg import FedAvgClient, FedAvgServer
-from .pfl import GraphPFLConfig
+from .personalisation import GraphPFLConfig
+from .structure import structure_embedding, with_structure_embeddings
 from ..core import get_device
 from ..federation import (ConfigError, LocalData, Message, ModelSpec, check_setup, flat_state, load_flat_state, make_optimizer,
                               register_algorithm)
+from ..fl.messages import WEIGHTED_PARAMS
 from ..models import CachedEncoder, GCNLayer, GraphModel, SparseGINConv, _gin_mlp
 
 # %% auto #0
-__all__ = ['STRUCTURE_CONVS', 'FEDSTAR', 'random_walk_embedding', 'degree_embedding', 'structure_embedding',
-           'with_structure_embeddings', 'StructureEncoder', 'FedStarEncoder', 'FedStarGIN', 'fedstar_model',
-           'FedStarConfig', 'add_structure_embeddings', 'FedStarClient', 'FedStarServer']
-
-# %% ../../nbs/14_fedstar.ipynb #c9033088
-def _binary_adjacency(edge_index: Tensor, num_nodes: int) -> Tensor:
-    "Coalesced sparse COO adjacency (float64) with one unit entry per distinct directed edge `(u, v)` at row u, column v."
-    n, ei = int(num_nodes), edge_index.long()
-    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
-        raise ValueError(f"edge_index refers to node {int(ei.max())} (or a negative id) but the graph has {n} nodes")
-    key = torch.unique(ei[0] * n + ei[1]) if ei.numel() else ei.new_zeros(0)
-    idx = torch.stack([key // n, key % n])
-    return torch.sparse_coo_tensor(idx, torch.ones(key.numel(), dtype=torch.float64, device=ei.device), (n, n),
-                                   is_coalesced=True, check_invariants=False)
-
-def random_walk_embedding(edge_index: Tensor, num_nodes: int, steps: int = 16) -> Tensor:
-    "Return probabilities $(P^k)_{vv}$, $k = 1..$`steps`, of the random walk $P = D^{-1}A$ (`[num_nodes, steps]`, float32); a node without out-edges gets zeros."
-    if steps < 0: raise ValueError(f"steps must be >= 0, got {steps}")
-    n = int(num_nodes)
-    A = _binary_adjacency(edge_index, n)
-    out = torch.zeros(n, steps, dtype=torch.float64, device=edge_index.device)
-    if steps == 0 or A._nnz() == 0: return out.float()
-    row, col = A.indices()
-    deg = torch.bincount(row, minlength=n).to(torch.float64)
-    P = torch.sparse_coo_tensor(A.indices(), 1.0 / deg[row], (n, n), is_coalesced=True, check_invariants=False)
-    M = P
-    for k in range(steps):
-        if k:
-            with warnings.catch_warnings():        # "Sparse CSR tensor support is in beta state" (used internally)
-                warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
-                M = torch.sparse.mm(M, P).coalesce()
-        (r, c), v = M.indices(), M.values()
-        on_diag = r == c
-        out[:, k].index_add_(0, r[on_diag], v[on_diag])
-    return out.clamp_(0.0, 1.0).float()        # clamp: rounding only (sums of probabilities)
-
-def degree_embedding(edge_index: Tensor, num_nodes: int, dim: int = 16) -> Tensor:
-    "One-hot out-degree in `dim` slots: slot $\\min(\\max(d, 1), dim) - 1$ (`[num_nodes, dim]`, float32)."
-    if dim < 0: raise ValueError(f"dim must be >= 0, got {dim}")
-    n = int(num_nodes)
-    if dim == 0: return torch.zeros(n, 0, device=edge_index.device)
-    deg = torch.bincount(_binary_adjacency(edge_index, n).indices()[0], minlength=n)
-    return F.one_hot((deg.clamp(1, dim) - 1), dim).float()
-
-def structure_embedding(edge_index: Tensor, num_nodes: int, rw_dim: int = 16, degree_dim: int = 16) -> Tensor:
-    "FedStar's $s_v = [s^{RW}_v \\Vert s^{DG}_v]$ of every node (`[num_nodes, rw_dim + degree_dim]`)."
-    return torch.cat([random_walk_embedding(edge_index, num_nodes, rw_dim),
-                      degree_embedding(edge_index, num_nodes, degree_dim)], 1)
-
-def with_structure_embeddings(graphs, rw_dim: int = 16, degree_dim: int = 16, device: torch.device | str | None = None) -> list[Data]:
-    "New graphs (x, edge_index, y) whose features are `[x | structure_embedding]`, computed on one disjoint union of all `graphs`."
-    graphs = list(graphs)
-    if not graphs: return []
-    b = GraphBatch.from_data_list(graphs).to(device or get_device())
-    if b.x is None: raise ValueError("FedStar needs node features (x) on every graph")
-    s = structure_embedding(b.edge_index, b.num_nodes, rw_dim, degree_dim)
-    xs = torch.cat([b.x.float(), s], 1).split(b.ptr.diff().tolist())
-    edges = b.edge_index.split(torch.bincount(b.batch[b.edge_index[0]], minlength=len(graphs)).tolist(), dim=1)
-    return [Data(x=x, edge_index=e - b.ptr[i], y=g.y) for i, (g, x, e) in enumerate(zip(graphs, xs, edges))]
+__all__ = ['STRUCTURE_CONVS', 'FEDSTAR', 'StructureEncoder', 'FedStarEncoder', 'FedStarGIN', 'fedstar_model', 'FedStarConfig',
+           'add_structure_embeddings', 'FedStarClient', 'FedStarServer']
 
 # %% ../../nbs/14_fedstar.ipynb #60763347
 STRUCTURE_CONVS = ("gcn", "gin")
@@ -210,4 +155,4 @@ class FedStarServer(FedAvgServer):
 
 FEDSTAR = register_algorithm("fedstar", FedStarClient, FedStarServer, FedStarConfig,
                              paper="Tan, Liu, Long, Jiang, Lu & Zhang, Federated Learning on Non-IID Graphs via Structural "
-                                   "Knowledge Sharing, AAAI 2023")
+                                   "Knowledge Sharing, AAAI 2023", sums=WEIGHTED_PARAMS)

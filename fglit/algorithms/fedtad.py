@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from .fedavg import FedAvgClient, FedAvgServer
-from .fedstar import random_walk_embedding
+from .structure import random_walk_embedding
 from ..core import get_device
 from ..federation import ConfigError, FedConfig, Message, flat_state, load_flat_state, register_algorithm
 from ..models import knn_graph

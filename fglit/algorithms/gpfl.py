@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch as GraphBatch, Data
 
 from ..core import cache_dir, get_device
-from .pfl import GraphPFLConfig
+from .personalisation import GraphPFLConfig
 from ..federation import (Client, ConfigError, Message, Server, flat_state, load_flat_state,
                               register_algorithm)
 

@@ -18,6 +18,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, flat_state,
                               load_flat_state, make_optimizer, register_algorithm)
+from ..fl.messages import SumSpec
 from ..models import propagate_hops
 
 # %% auto #0
@@ -535,4 +536,5 @@ class OpFGLServer(Server):
             self.graph = surrogate_from_sums(self.sums, self.spec.in_dim, self.config, self.seed)
 
 register_algorithm("opfgl", OpFGLClient, OpFGLServer, OpFGLConfig, dataset_defaults=opfgl_defaults,
-                   paper="Personalized One-shot Federated Graph Learning for Heterogeneous Clients (O-pFGL)");
+                   paper="Personalized One-shot Federated Graph Learning for Heterogeneous Clients (O-pFGL)",
+                   sums=SumSpec(dtype=torch.float64));     # its server sums in float64

@@ -14,77 +14,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fedavg import FedAvgClient, FedProxClient
+from .personalisation import GraphPFLConfig, PersonalisedServer, cosine_matrix, parameter_mask, parameter_views
 from ..federation import ConfigError, FedConfig, Message, Server, flat_state, register_algorithm, weighted_mean
 
 # %% auto #0
-__all__ = ['GCFL_DATASET_DEFAULTS', 'GCFL', 'GCFL_PLUS', 'FEDAMP', 'PFEDGRAPH', 'GraphPFLConfig', 'PersonalisedServer',
-           'cosine_matrix', 'parameter_mask', 'parameter_views', 'gcfl_defaults', 'GCFLConfig', 'update_norms',
+__all__ = ['GCFL_DATASET_DEFAULTS', 'GCFL', 'GCFL_PLUS', 'FEDAMP', 'PFEDGRAPH', 'gcfl_defaults', 'GCFLConfig', 'update_norms',
            'split_wanted', 'gcfl_similarity', 'bipartition', 'GCFLClient', 'GCFLServer', 'GCFLPlusConfig',
            'dtw_distances', 'GCFLPlusServer', 'FedAMPConfig', 'fedamp_weights', 'heur_fedamp_weights', 'FedAMPClient',
            'FedAMPServer', 'PFedGraphConfig', 'project_simplex', 'collaboration_graph', 'PFedGraphClient',
            'PFedGraphServer']
-
-# %% ../../nbs/13_pfl.ipynb #b2093f11
-@dataclass
-class GraphPFLConfig(FedConfig):
-    "GCFL's graph-classification setup (3-layer GIN, 64 hidden, Adam 1e-3, weight decay 5e-4, batch 128, 1 local epoch, 200 rounds), also GPFL's."
-    one_model_only = "personalised aggregation mixes the clients' weights"
-    rounds: int = 200
-    local_epochs: int = 1
-    hidden: int = 64
-    layers: int = 3
-    dropout: float = 0.5
-    lr: float = 1e-3
-    weight_decay: float = 5e-4
-    batch_size: int = 128
-    selection: str = "last"
-    weighting: str = "plain"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.client_fraction != 1.0:
-            raise ConfigError(f"{type(self).__name__.removesuffix('Config')} trains and aggregates every client every round; "
-                              f"client_fraction must be 1, got {self.client_fraction}")
-
-class PersonalisedServer(Server):
-    "One model per client: row `i` of `params` (`[K, P]`) is sent to, and scored for, client `i`."
-    def __init__(self, config, clients, spec):
-        super().__init__(config, clients, spec)
-        model = spec.build()
-        self.initial = flat_state(model)
-        self.mask = parameter_mask(model).to(self.initial.device)
-        self.params = self.initial.repeat(len(clients), 1)
-        self.sizes = torch.tensor([float(c.num_train) for c in clients], dtype=self.initial.dtype, device=self.initial.device)
-
-    def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
-        return {cid: {"params": self.params[cid]} for cid in cids}
-
-    def evaluation_message(self, cid: int) -> Message:
-        "With `evaluation='global'`: the model the server holds for client `cid`."
-        return {"params": self.params[cid]}
-
-    def stacked(self, replies: dict[int, Message], key: str) -> Tensor:
-        "The replies' `key` tensors as rows of one `[K, P]` matrix, in client order."
-        if sorted(replies) != list(range(len(self.clients))):
-            raise ValueError(f"{type(self).__name__} needs a reply from every client each round")
-        return torch.stack([replies[cid][key] for cid in range(len(self.clients))])
-
-def cosine_matrix(X: Tensor) -> Tensor:
-    "Pairwise cosine similarities of the rows of `X` (`[n, n]`; a zero row has similarity 0 to every row)."
-    Z = F.normalize(X.double(), dim=1)
-    return Z @ Z.T
-
-def parameter_mask(model: nn.Module) -> Tensor:
-    "Which entries of `flat_state(model)` are trainable parameters (the rest are float buffers such as batch-norm statistics)."
-    names = {n for n, _ in model.named_parameters()}
-    return torch.cat([torch.full((t.numel(),), k in names, dtype=torch.bool)
-                      for k, t in model.state_dict().items() if t.is_floating_point()])
-
-def parameter_views(model: nn.Module, vector: Tensor) -> list[Tensor]:
-    "The trainable-parameter entries of a `flat_state` vector (copied), shaped like `model.parameters()` and in their order."
-    flat = vector[parameter_mask(model).to(vector.device)]
-    params = list(model.parameters())
-    return [t.view_as(p) for t, p in zip(torch.split(flat, [p.numel() for p in params]), params)]
 
 # %% ../../nbs/13_pfl.ipynb #3357b3d7
 GCFL_DATASET_DEFAULTS = {   # authors' run script: eps1, eps2, seq_length

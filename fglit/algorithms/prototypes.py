@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..core import get_device
 from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, register_algorithm
+from ..fl.messages import SumSpec
 
 # %% auto #0
 __all__ = ['HETEROGENEOUS_MODELS', 'prototypes_from_sums', 'aggregate_prototypes', 'heterogeneous_spec', 'client_model_spec',
@@ -146,7 +147,7 @@ class FedProtoServer(Server):
         self.protos, self.mask = aggregate_prototypes([m["sums"] for m in r], [m["counts"] for m in r])
 
 register_algorithm("fedproto", FedProtoClient, FedProtoServer, FedProtoConfig,
-                   paper="Tan et al., AAAI 2022", sums_only=True)
+                   paper="Tan et al., AAAI 2022", sums_only=True, sums=SumSpec())
 
 # %% ../../nbs/11_prototypes.ipynb #6d10ae22
 @dataclass
