@@ -5,8 +5,8 @@ from hypothesis import given, settings, strategies as st
 from torch_geometric.data import Batch as GraphBatch, Data
 
 import fglit.algorithms.fedstar as fedstar
-from fglit.algorithms.fedstar import (FedStarClient, FedStarConfig, FedStarGIN, FedStarServer, degree_embedding, fedstar_model,
-                                      random_walk_embedding, structure_embedding, with_structure_embeddings)
+from fglit.algorithms.fedstar import FedStarClient, FedStarConfig, FedStarGIN, FedStarServer, fedstar_model
+from fglit.algorithms.structure import degree_embedding, random_walk_embedding, structure_embedding, with_structure_embeddings
 from fglit.core import get_device
 from fglit.federation import (ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, flat_state, get_algorithm,
                               make_config, run, simulate)
@@ -212,8 +212,9 @@ def test_global_evaluation_swaps_in_the_average_and_leaves_the_client_alone():
 
 def test_structure_embeddings_are_computed_once_per_client(monkeypatch):
     calls = []
-    real = fedstar.structure_embedding
-    monkeypatch.setattr(fedstar, "structure_embedding", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    import fglit.algorithms.structure as structure        # with_structure_embeddings calls it there
+    real = structure.structure_embedding
+    monkeypatch.setattr(structure, "structure_embedding", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     algo = get_algorithm("fedstar")
     config = make_config(algo.config, {"hidden": 8, "layers": 2, "batch_size": 4, "rounds": 3})
     seed_run = simulate(algo, toy_graph_clients(2), "graph", 5, 2, config, progress=False)
