@@ -72,7 +72,7 @@ reproduce-authors: setup
 	$(BIN)/fglit reproduce opfgl-authors --jobs $(JOBS)
 	$(BIN)/fglit reproduce fedpg-authors --seeds 0 1 2 --jobs $(JOBS)
 	$(BIN)/fglit reproduce gpfl-authors --seeds 0 1 2 --jobs $(JOBS)
-	$(BIN)/python -c "import fglit.opfgl_results as o, fglit.fedpg_results as f, fglit.gpfl_results as g; [m.write_authors_code() for m in (o, f, g)]"
+	$(BIN)/python -c "import fglit.papers.opfgl as o, fglit.papers.fedpg as f, fglit.papers.gpfl as g; [m.write_authors_code() for m in (o, f, g)]"
 
 reproduce-fedgls: setup
 	$(BIN)/fglit reproduce fedgls --tables tune --seeds 0 1 --jobs 2

@@ -35,6 +35,7 @@ setuptools.setup(
     ] + ["Programming Language :: Python :: " + v for v in py_versions[py_versions.index(min_python):]],
     packages=setuptools.find_packages(include=[cfg["lib_path"], cfg["lib_path"] + ".*"]),
     include_package_data=True,
+    package_data={cfg["lib_path"]: ["paper_numbers/*.csv"]},     # the papers' printed numbers (fglit.reproduction.load_paper_numbers)
     python_requires=">=" + min_python,
     install_requires=cfg["requirements"].split(),
     extras_require={"dev": cfg["dev_requirements"].split()},

@@ -20,8 +20,8 @@ class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'REPRODUCTIONS', 'UsageError', 'cmd_datasets', 'parse_settings',
-           'partitions_from_files', 'cmd_partition', 'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result',
+__all__ = ['DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'UsageError', 'cmd_datasets', 'parse_settings', 'partitions_from_files',
+           'cmd_partition', 'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms',
            'cmd_demo', 'cmd_reproduce', 'cmd_flower_app', 'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
@@ -103,7 +103,7 @@ def cmd_partition(args) -> int:
     return 0
 
 # %% ../nbs/06_cli.ipynb #39d7be1d
-PRIVACY_FLAGS = {"secure_aggregation": "secure_aggregation", "dropout": "secagg_dropout", "dropout_before": "secagg_dropout_before",
+PRIVACY_FLAGS = {"secure_aggregation": "secure_aggregation", "secagg_dropout": "secagg_dropout", "secagg_dropout_before": "secagg_dropout_before",
                  "secagg_neighbours": "secagg_neighbours", "secagg_threshold": "secagg_threshold", "dp_noise": "dp_noise",
                  "dp_clip": "dp_clip", "dp_delta": "dp_delta", "dp_fraction": "dp_fraction"}
 
@@ -179,6 +179,26 @@ def print_result(result, as_json: bool = False) -> int:
                   f"epsilon {pv['epsilon']:.3f} at delta {pv['delta']:g} over {pv['releases']} release(s)")
     return 0
 
+# %% ../nbs/06_cli.ipynb #625a8a1b
+def cmd_algorithms(args) -> int:
+    "List the registered algorithms, or print one algorithm's settings."
+    from fglit.federation import ConfigError, get_algorithm, load_algorithms
+    from fglit.fl.config import describe_config
+    if args.name:
+        try:
+            algo = get_algorithm(args.name)
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
+        if not args.json: print(f"{algo.name}: {algo.paper or type(algo.config).__name__}")
+        _print_table(describe_config(algo.config), args.json)
+        return 0
+    rows = [dict(algorithm=name, paper=a.paper,
+                 tasks=" ".join(t for t in ("node", "graph") if not getattr(a.config, f"{'graph' if t == 'node' else 'node'}_task_only")),
+                 secure_aggregation="yes" if a.sums_only else "no")
+            for name, a in sorted(load_algorithms().items())]
+    _print_table(pd.DataFrame(rows), args.json)
+    return 0
+
 # %% ../nbs/06_cli.ipynb #003e7489
 def cmd_demo(args) -> int:
     "Train a centralised model on one dataset and print its accuracy (placeholder main job)."
@@ -197,16 +217,6 @@ def cmd_demo(args) -> int:
           f"best val acc {result['val_acc']:.4f}, test acc {result['test_acc']:.4f}, {time.perf_counter() - start:.1f}s")
     return 0
 
-REPRODUCTIONS = {   # paper -> (module, function building its experiment grid, default CSV)
-    "opfgl": ("fglit.opfgl_results", "opfgl_experiments", "results/opfgl/runs.csv"),
-    "fedgls": ("fglit.fedgls_results", "fedgls_experiments", "results/fedgls/runs.csv"),
-    "gpfl": ("fglit.gpfl_results", "gpfl_experiments", "results/gpfl/runs.csv"),
-    "fedpg": ("fglit.fedpg_results", "fedpg_experiments", "results/fedpg/runs.csv"),
-    "fedpg-figures": ("fglit.fedpg_analysis", "figure_experiments", "results/fedpg/figures.csv"),
-    "opfgl-authors": ("fglit.opfgl_results", "authors_experiments", "results/opfgl/fglit_on_authors.csv"),   # on the authors' partitions
-    "fedpg-authors": ("fglit.fedpg_results", "authors_experiments", "results/fedpg/fglit_on_authors.csv"),
-    "gpfl-authors": ("fglit.gpfl_results", "authors_experiments", "results/gpfl/fglit_on_authors.csv"),
-}
 
 def _grid_setting(text: str) -> tuple[int, float]:
     "`25:0.5` -> (25, 0.5)."
@@ -218,12 +228,17 @@ def _grid_setting(text: str) -> tuple[int, float]:
 
 def cmd_reproduce(args) -> int:
     "Run (or resume) a paper's reproduction grid and print our numbers beside the paper's."
-    import importlib
-    if args.paper not in REPRODUCTIONS:
-        raise UsageError(f"unknown paper {args.paper!r}; allowed: {', '.join(REPRODUCTIONS)}")
-    module_name, grid_name, default_out = REPRODUCTIONS[args.paper]
-    module = importlib.import_module(module_name)
-    grid = getattr(module, grid_name)
+    from fglit.reproduction import get_reproduction, load_reproductions
+    if args.list or not args.paper:
+        rows = [dict(reproduction=r.name, module=r.grid.__module__, grid=r.grid.__name__, results=r.out, seeds=len(r.seeds))
+                for r in sorted(load_reproductions().values(), key=lambda r: r.name)]
+        _print_table(pd.DataFrame(rows), args.json)
+        return 0 if args.list else 2
+    try:
+        reproduction = get_reproduction(args.paper)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    grid = reproduction.grid
     kwargs = {k: tuple(v) for k, v in (("tables", args.tables), ("datasets", args.datasets)) if v}
     accepted = inspect.signature(grid).parameters
     for name, value in (("methods", args.methods), ("folds", args.folds), ("settings", args.settings)):
@@ -235,10 +250,9 @@ def cmd_reproduce(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.jobs < 1: raise UsageError(f"--jobs must be >= 1, got {args.jobs}")
-    seeds = {"seeds": tuple(args.seeds)} if args.seeds else {}          # else the paper's own number of runs
-    results = module.reproduce(experiments, **seeds, out=args.out or default_out, jobs=args.jobs,
-                               quick=args.quick, progress=not args.quiet)
-    table = module.side_by_side(results)
+    results = reproduction.run(experiments, seeds=args.seeds or None, out=args.out or reproduction.out, jobs=args.jobs,
+                               quick=args.quick, progress=not args.quiet)       # no --seeds: the paper's own number of runs
+    table = reproduction.side_by_side(results)
     if args.json:
         print(table.to_json(orient="records"))
     else:
@@ -367,8 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inprocess: fglit's simulator; flower-sim: Flower's simulation engine (fglit.flower)")
     g = p.add_argument_group("privacy", "secure aggregation (fglit.secagg) and differential privacy (fglit.privacy)")
     g.add_argument("--secure-aggregation", action="store_true", dest="secure_aggregation", help="uploads through secure aggregation")
-    g.add_argument("--dropout", type=float, metavar="F", help="share of clients dropping out after sending masked inputs (not the model's dropout: --set dropout=...)")
-    g.add_argument("--dropout-before", type=float, metavar="F", dest="dropout_before", help="share dropping out before sending")
+    g.add_argument("--secagg-dropout", type=float, metavar="F", dest="secagg_dropout",
+                   help="share of clients dropping out after sending masked inputs (the model's dropout is --set dropout=...)")
+    g.add_argument("--secagg-dropout-before", type=float, metavar="F", dest="secagg_dropout_before", help="share dropping out before sending")
     g.add_argument("--secagg-neighbours", type=int, metavar="K", dest="secagg_neighbours", help="SecAgg+ neighbours (0: all, -1: 2 ceil(log2 n))")
     g.add_argument("--secagg-threshold", type=float, metavar="T", dest="secagg_threshold", help="threshold fraction (default 2/3)")
     g.add_argument("--dp-noise", type=float, metavar="S", dest="dp_noise", help="Gaussian noise multiplier (client-level DP)")
@@ -400,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--json", action="store_true", help="print one JSON object")
             q.add_argument("--workdir", help="keep the logs, app and result here (default: a temporary folder)")
             q.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for the whole run")
+    p = sub.add_parser("algorithms", help="list the registered algorithms, or one algorithm's settings")
+    p.add_argument("name", nargs="?", help="an algorithm: print each setting with its type, default, allowed values and meaning")
+    p.add_argument("--json", action="store_true", help="print JSON records instead of a table")
+    p.set_defaults(func=cmd_algorithms)
     p = sub.add_parser("demo", help="a centralised model on a dataset's public split")
     p.add_argument("--dataset", default="Cora")
     p.add_argument("--model", default="gcn")
@@ -408,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("reproduce", help="run (or resume) a paper's reproduction grid; results CSV + side-by-side table")
-    p.add_argument("paper", help=", ".join(REPRODUCTIONS))
+    p.add_argument("paper", nargs="?", help="a registered reproduction: opfgl, fedgls, gpfl, fedpg, ... (--list shows them all)")
+    p.add_argument("--list", action="store_true", help="list the registered reproductions: grid, results CSV, seeds")
     p.add_argument("--tables", nargs="+", help="which tables/figures (default: all of the paper's grid)")
     p.add_argument("--datasets", nargs="+", help="datasets for the tables that take them (default: the offline ones)")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default: as many as the paper ran: O-pFGL 3, FedGLS 5, GPFL 3, FedPG 10)")

@@ -5,10 +5,13 @@
 # %% ../nbs/08_reproduction.ipynb #bbf72b12
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
+import pkgutil
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -17,10 +20,31 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['KEY_COLUMNS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'Experiment', 'completed',
-           'results_file', 'append_row', 'run_grid', 'compare_with_paper', 'format_side_by_side', 'plot_against_paper',
-           'partition_for', 'on_partition_files', 'with_provenance', 'merge_authors_code', 'authors_code_table',
-           'format_authors_table', 'fglit_authors_rows', 'write_authors_code', 'miss_cause', 'authors_verdicts']
+__all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS',
+           'AUTHORS_COLUMNS', 'paper_number_papers', 'load_paper_numbers', 'Experiment', 'completed', 'results_file',
+           'append_row', 'run_grid', 'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction',
+           'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files',
+           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
+           'write_authors_code', 'miss_cause', 'authors_verdicts']
+
+# %% ../nbs/08_reproduction.ipynb #670573a4
+PAPER_NUMBER_COLUMNS = ["table", "dataset", "partition", "clients", "method", "metric", "mean", "std", "note"]
+
+def paper_number_papers() -> list[str]:
+    "The papers whose printed numbers ship with fglit."
+    return sorted(p.name.removesuffix(".csv") for p in (resources.files("fglit") / "paper_numbers").iterdir() if p.name.endswith(".csv"))
+
+def load_paper_numbers(paper: str) -> pd.DataFrame:
+    "The printed cells of `paper` (`PAPER_NUMBER_COLUMNS`; mean/std NaN where the paper prints none), from `fglit/paper_numbers/<paper>.csv`."
+    path = resources.files("fglit") / "paper_numbers" / f"{paper}.csv"
+    if not path.is_file():
+        raise ValueError(f"no printed numbers for {paper!r}; fglit has them for {', '.join(paper_number_papers())}")
+    with path.open() as f:
+        df = pd.read_csv(f, dtype={c: str for c in ("table", "dataset", "partition", "method", "metric", "note")},
+                         keep_default_na=False, na_values={"mean": [""], "std": [""]})
+    if list(df.columns) != PAPER_NUMBER_COLUMNS:
+        raise ValueError(f"{path} has columns {list(df.columns)}, expected {PAPER_NUMBER_COLUMNS}")
+    return df
 
 # %% ../nbs/08_reproduction.ipynb #3a76ea9d
 @dataclass(frozen=True)
@@ -112,6 +136,45 @@ def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), 
                              + "; ".join(f"{r['table']}/{r['dataset']}/{r['method']}/seed {r['seed']}: {r['error']}" for r in failed))
     new = pd.DataFrame(rows)
     return pd.concat([done, new], ignore_index=True) if len(done) else new
+
+# %% ../nbs/08_reproduction.ipynb #0a0e9695
+@dataclass(frozen=True)
+class Reproduction:
+    "A registered reproduction: its grid, how one experiment runs, its default CSV and seeds, and its side-by-side table."
+    name: str
+    grid: Callable[..., list[Experiment]]
+    run_one: Callable[..., dict]
+    out: str
+    seeds: tuple[int, ...] = (0, 1, 2)
+    side_by_side: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+
+    def run(self, experiments: list[Experiment], seeds=None, out: str | Path | None = None, jobs: int = 1, quick: bool = False,
+            progress: bool | None = None) -> pd.DataFrame:
+        "Run `experiments` with `run_grid`: resumable into `out` (None: no file), `seeds` (None: the paper's number of runs)."
+        return run_grid(experiments, self.run_one, tuple(self.seeds if seeds is None else seeds), out, jobs, quick, progress)
+
+REPRODUCTIONS: dict[str, Reproduction] = {}
+
+def register_reproduction(name: str, grid: Callable, run_one: Callable, out: str, seeds=(0, 1, 2),
+                          side_by_side: Callable | None = None) -> Reproduction:
+    "Make a paper's reproduction available to `fglit reproduce NAME`."
+    r = Reproduction(name, grid, run_one, out, tuple(seeds), side_by_side)
+    REPRODUCTIONS[name] = r
+    return r
+
+def load_reproductions() -> dict[str, Reproduction]:
+    "Import every module of `fglit.papers` (each registers its reproductions) and return the registry."
+    import fglit.papers as package
+    for m in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{m.name}")
+    return REPRODUCTIONS
+
+def get_reproduction(name: str) -> Reproduction:
+    "The reproduction registered as `name`; a `ValueError` listing the registered ones otherwise."
+    load_reproductions()
+    if name not in REPRODUCTIONS:
+        raise ValueError(f"unknown reproduction {name!r}; registered: {', '.join(sorted(REPRODUCTIONS))}")
+    return REPRODUCTIONS[name]
 
 # %% ../nbs/08_reproduction.ipynb #52f27c05
 def compare_with_paper(results: pd.DataFrame, paper: pd.DataFrame, metrics=("accuracy",),

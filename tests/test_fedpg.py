@@ -130,7 +130,7 @@ def test_hops_beyond_smallest_depth_is_a_config_error():
     assert FedPGServer(FedPGConfig(), infos, spec).hops == 1
     with pytest.raises(ConfigError):
         make_config(FedPGConfig, {"hops": -2})
-    with pytest.raises(ConfigError, match="align_level must be prototype or node"):
+    with pytest.raises(ConfigError, match="align_level must be one of prototype, node"):
         make_config(FedPGConfig, {"align_level": "graph"})
 
 
@@ -145,7 +145,7 @@ def test_node_level_alignment_trains_on_a_real_split(shared_root):
 def test_prototype_labels_train_val_gives_val_nodes_their_labels(shared_root):
     "prototype_labels='train+val' (the authors' code): validation nodes carry their true class in the prototypes; 'train' (Alg. 1) pseudo-labels them."
     from fglit.federation import run
-    with pytest.raises(ConfigError, match="prototype_labels must be train or train"):
+    with pytest.raises(ConfigError, match="prototype_labels must be one of train, train\\+val"):
         make_config(FedPGConfig, {"prototype_labels": "all"})
     box = {}
     for choice in ("train", "train+val"):

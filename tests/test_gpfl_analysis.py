@@ -1,11 +1,11 @@
-"""Tests for GPFL's analysis helpers (`fglit.gpfl_analysis`, from nbs/32_gpfl_analysis.ipynb): cost counts, networks, fits, similarities."""
+"""Tests for GPFL's analysis helpers (`fglit.papers.gpfl_analysis`, from nbs/32_gpfl_analysis.ipynb): cost counts, networks, fits, similarities."""
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from fglit.algorithms.gpfl import mixing_matrix, personalised_update, row_normalize
-from fglit.gpfl_analysis import (aggregation_madds, group_contrast, linear_fit, links_for_ratio, random_network,
+from fglit.papers.gpfl_analysis import (aggregation_madds, group_contrast, linear_fit, links_for_ratio, random_network,
                                  similarity_matrices)
 
 

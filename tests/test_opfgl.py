@@ -206,7 +206,7 @@ def test_fedavg_finetune_sends_once_each_way_then_nothing(shared_root):
 
 # ---------------------------------------------------------------- the reproduction harness
 def test_paper_numbers_hold_the_printed_cells():
-    from fglit.opfgl_results import paper_numbers
+    from fglit.papers.opfgl import paper_numbers
     p = paper_numbers()
     cell = p.query("table == '1' and dataset == 'Cora' and method == 'O-pFGL' and metric == 'accuracy'").iloc[0]
     assert (cell["mean"], cell["std"]) == (76.43, 1.24)
@@ -216,7 +216,7 @@ def test_paper_numbers_hold_the_printed_cells():
 
 
 def test_side_by_side_joins_and_differences():
-    from fglit.opfgl_results import Experiment, side_by_side
+    from fglit.papers.opfgl import Experiment, side_by_side
     from dataclasses import asdict
     e = Experiment("1", "Cora", "louvain+", 10, "O-pFGL", "opfgl", paper_table="1", paper_method="O-pFGL")
     rows = pd.DataFrame([dict(**asdict(e), seed=s, accuracy=a, f1_macro=0.5, f1_macro_present=0.6) for s, a in [(0, 0.70), (1, 0.80)]])
@@ -227,7 +227,7 @@ def test_side_by_side_joins_and_differences():
 
 
 def test_reproduce_resumes(tmp_path, shared_root):
-    from fglit.opfgl_results import opfgl_experiments, reproduce
+    from fglit.papers.opfgl import opfgl_experiments, reproduce
     exps = [e for e in opfgl_experiments(tables=("4",), datasets=("Cora",)) if e.method == "Standalone"]
     out = tmp_path / "runs.csv"
     first = reproduce(exps, seeds=(0,), out=out, quick=True, progress=False)
@@ -322,7 +322,7 @@ def test_cli_run_opfgl_json(shared_root):
 
 
 def test_reproduce_survives_a_failing_run(tmp_path, shared_root):
-    from fglit.opfgl_results import Experiment, reproduce
+    from fglit.papers.opfgl import Experiment, reproduce
     bad = Experiment("x", "Cora", "louvain+", 10_000, "Standalone", "standalone", rounds=1, local_epochs=1)   # more clients than nodes
     good = Experiment("x", "Cora", "metis+", 3, "Standalone", "standalone", rounds=1, local_epochs=1)
     out = tmp_path / "runs.csv"

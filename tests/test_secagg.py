@@ -174,7 +174,7 @@ def test_cli_secure_aggregation_and_dp_flags(shared_root, capsys):
     import json
     from fglit.cli import main
     main(["run", "fedavg", "--dataset", "Cora", "--clients", "4", "--rounds", "2", "--local-epochs", "1", "--quiet", "--json",
-          "--root", str(shared_root), "--secure-aggregation", "--dropout", "0.25", "--dp-noise", "2.0", "--dp-clip", "0.5"])
+          "--root", str(shared_root), "--secure-aggregation", "--secagg-dropout", "0.25", "--dp-noise", "2.0", "--dp-clip", "0.5"])
     s = json.loads(capsys.readouterr().out)
     pv = s["privacy"]
     assert pv["secure_aggregation"] and pv["secagg_dropped_after"] == 2 and pv["releases"] == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server, flat_state,
                               load_flat_state, make_optimizer, mlp_spec, register_algorithm, weighted_mean)
+from ..fl.config import setting
 from ..fl.messages import SumSpec
 from ..models import SparseOperand, dropout, spmm
 
@@ -36,26 +38,19 @@ class FedGLSConfig(FedConfig):
     dropout: float = 0.5
     lr: float = 0.01                # GNN
     weight_decay: float = 0.0       # the paper names Adam and its learning rates only
-    mlp_lr: float = 0.01
-    learner_lr: float = 0.001
-    temperature: float = 0.2
-    k: int = 10                     # neighbours kept per node by the kNN sparsifier (chosen by validation, 41_fedgls_results)
-    learner: str = "attentive"      # attentive | mlp
-    learner_layers: int = 2
-    outputs: str = "embeddings"     # embeddings: shared head theta_c (chosen by validation) | logits: Z, H are the 2-layer outputs, theta_c = softmax
+    mlp_lr: float = setting(0.01, gt=0.0)
+    learner_lr: float = setting(0.001, gt=0.0)
+    temperature: float = setting(0.2, gt=0.0)
+    k: int = setting(10, ge=1)   # neighbours kept per node by the kNN sparsifier (chosen by validation, 41_fedgls_results)
+    learner: Literal["attentive", "mlp"] = "attentive"   # attentive | mlp
+    learner_layers: int = setting(2, ge=1)
+    outputs: Literal["logits", "embeddings"] = "embeddings"   # embeddings: shared head theta_c (chosen by validation) | logits: Z, H are the 2-layer outputs, theta_c = softmax
     weighting: str = "plain"
 
     def validate(self) -> None:
         super().validate()
-        for name, allowed in (("learner", ("attentive", "mlp")), ("outputs", ("logits", "embeddings"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.graphless_model or self.graphless_knn:
             raise ConfigError("FedGLS learns the graphless clients' graphs itself: leave graphless_model and graphless_knn unset")
-        for name in ("k", "learner_layers"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0 or self.mlp_lr <= 0 or self.learner_lr <= 0:
-            raise ConfigError("temperature, mlp_lr and learner_lr must be > 0")
 
 # %% ../../nbs/40_fedgls.ipynb #2d45ec08
 def propagate(h: Tensor, edge_index: Tensor, weight: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from .prototypes import HETEROGENEOUS_MODELS, TrainablePrototypes, client_model_
 from ..core import get_device
 from ..federation import (SPLITS, Client, ClientInfo, ConfigError, FedConfig, LocalData, Message, ModelSpec, Server,
                               class_sums, make_optimizer, register_algorithm)
+from ..fl.config import setting
 from ..fl.messages import SumSpec
 from ..models import SparseOperand, knn_graph, spmm
 
@@ -39,50 +41,33 @@ class FedPGConfig(FedConfig):
     lr: float = 0.01
     weight_decay: float = 5e-4
     evaluation: str = "local"
-    mu: float = 0.5                   # weight of L_proto (Eq. 6)
-    hops: int = -1                    # L; -1: the smallest model depth among the clients
-    hop_mode: str = "within"          # within: at most h hops; exact: exactly h hops (Decision 2)
+    mu: float = setting(0.5, ge=0.0)   # weight of L_proto (Eq. 6)
+    hops: int = setting(-1, ge=-1)   # L; -1: the smallest model depth among the clients
+    hop_mode: Literal["within", "exact"] = "within"   # within: at most h hops; exact: exactly h hops (Decision 2)
     pseudo_labels: bool = True        # annotate unlabelled nodes (Alg. 1)
-    prototype_labels: str = "train"   # ground truth in the prototypes: "train" (Alg. 1) or "train+val" (the authors' code, train_fedpg.py:216; node tasks)
-    pseudo_threshold: float = 0.0     # minimum softmax confidence of a pseudo-label
-    attention_hidden: int = 16        # width of the neighbour-attention MLP
-    attention_bound: float = 5.0      # attention scores are attention_bound * tanh(MLP(f(x)))
-    server_epochs: int = 10
-    server_lr: float = 0.01
+    prototype_labels: Literal["train", "train+val"] = "train"   # ground truth in the prototypes: "train" (Alg. 1) or "train+val" (the authors' code, train_fedpg.py:216; node tasks)
+    pseudo_threshold: float = setting(0.0, ge=0.0, le=1.0)   # minimum softmax confidence of a pseudo-label
+    attention_hidden: int = setting(16, ge=1)   # width of the neighbour-attention MLP
+    attention_bound: float = setting(5.0, gt=0.0, le=20.0)   # attention scores are attention_bound * tanh(MLP(f(x)))
+    server_epochs: int = setting(10, ge=0)
+    server_lr: float = setting(0.01, gt=0.0)
     server_hidden: int | None = None  # GPG width; None: p
-    eps: float = 0.5                  # cap of the adaptive margin
-    cross_hop_ratio: float = 0.3      # Delta_s: extra positives drawn from other hops, per query of the hop
-    temperature: float = 1.0          # the contrastive logits are cosines / temperature
+    eps: float = setting(0.5, ge=0.0)   # cap of the adaptive margin
+    cross_hop_ratio: float = setting(0.3, ge=0.0)   # Delta_s: extra positives drawn from other hops, per query of the hop
+    temperature: float = setting(1.0, gt=0.0)   # the contrastive logits are cosines / temperature
     match_norms: bool = True          # rescale each generated prototype to its clients' mean norm (Decision 1)
-    glb_alpha: float = 0.5            # alpha of Eq. 5
+    glb_alpha: float = setting(0.5, ge=0.0, le=1.0)   # alpha of Eq. 5
     fusion_lambda: float = 5.0        # lambda of Eq. 5 (a cosine threshold: > 1 means only the client itself)
     heterogeneous_models: bool = False
-    graph_knn: int = 5                # graph-FL: neighbours of each graph in the generalised neighbourhood
-    align: str = "cosine"             # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
+    graph_knn: int = setting(5, ge=1)   # graph-FL: neighbours of each graph in the generalised neighbourhood
+    align: Literal["euclidean", "cosine"] = "cosine"   # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
     align_eval_mode: bool = True      # L_proto on prototypes of a dropout-free forward (as uploaded); False: the training forward's
-    align_level: str = "prototype"    # L_proto between prototypes (Eq. 6) or between each centre's context and its class's prototype (node)
+    align_level: Literal["prototype", "node"] = "prototype"   # L_proto between prototypes (Eq. 6) or between each centre's context and its class's prototype (node)
 
     def validate(self) -> None:
         super().validate()
-        if self.align not in ("euclidean", "cosine"):
-            raise ConfigError(f"align must be euclidean or cosine; got {self.align!r}")
-        if self.prototype_labels not in ("train", "train+val"):
-            raise ConfigError(f"prototype_labels must be train or train+val; got {self.prototype_labels!r}")
-        if self.align_level not in ("prototype", "node"):
-            raise ConfigError(f"align_level must be prototype or node; got {self.align_level!r}")
-        if self.hop_mode not in HOP_MODES:
-            raise ConfigError(f"hop_mode must be one of {', '.join(HOP_MODES)}; got {self.hop_mode!r}")
-        if self.hops < -1: raise ConfigError(f"hops must be -1 (the smallest model depth) or >= 0, got {self.hops}")
-        for name in ("mu", "server_epochs", "cross_hop_ratio", "eps"):
-            if getattr(self, name) < 0: raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("attention_hidden", "graph_knn"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.attention_bound <= 20: raise ConfigError(f"attention_bound must be in (0, 20], got {self.attention_bound}")
-        if self.server_lr <= 0 or self.temperature <= 0: raise ConfigError("server_lr and temperature must be > 0")
         if self.server_hidden is not None and self.server_hidden < 1:
             raise ConfigError(f"server_hidden must be None or >= 1, got {self.server_hidden}")
-        for name in ("glb_alpha", "pseudo_threshold"):
-            if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 # %% ../../nbs/50_fedpg.ipynb #0ea0a17b
 def model_depth(model: nn.Module) -> int:

@@ -9,7 +9,7 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from ..core import cache_dir, get_device
 from .personalisation import GraphPFLConfig
 from ..federation import (Client, ConfigError, Message, Server, flat_state, load_flat_state,
                               register_algorithm)
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['PROPERTY_NAMES', 'PROPERTY_CACHE_VERSION', 'GAE_NORMS', 'GPFL', 'GPFLConfig', 'graph_properties',
@@ -40,42 +41,29 @@ class GPFLConfig(GraphPFLConfig):
     graph_task_only = "GPFL is a graph-classification method (its client network comes from per-client graph properties and embeddings of random graphs)"
     model: str | None = "gin"
     evaluation: str = "local"
-    beta: float = 0.95                  # A_t = beta A_{t-1} + (1 - beta) A_E
-    gamma: float = 0.95                 # W = gamma I + (1 - gamma) Normalize(A)  (gamma_on="self")
-    gamma_on: str = "self"              # self: paper's Eq. 4 | network: authors' code (gamma on the network term)
-    num_random_graphs: int = 20
-    random_graph_nodes: int = 30
-    random_graph_p: float = 0.1
+    beta: float = setting(0.95, ge=0.0, le=1.0)   # A_t = beta A_{t-1} + (1 - beta) A_E
+    gamma: float = setting(0.95, ge=0.0, le=1.0)   # W = gamma I + (1 - gamma) Normalize(A)  (gamma_on="self")
+    gamma_on: Literal["self", "network"] = "self"   # self: paper's Eq. 4 | network: authors' code (gamma on the network term)
+    num_random_graphs: int = setting(20, ge=1)
+    random_graph_nodes: int = setting(30, ge=1)
+    random_graph_p: float = setting(0.1, ge=0.0, le=1.0)
     random_graph_seed: int = 0
-    marginal_dim: int = 100
-    gae_hidden: int = 128
-    gae_out: int = 32
-    gae_iters: int = 100
-    gae_lr: float = 1e-3
-    gae_weight_decay: float = 5e-4
-    gae_norm: str = "both"              # LayerNorm after: both layers | hidden | output | none (see the GAE section)
-    threshold: float = 0.1              # h = threshold / k
-    network_init: str = "property"      # property | random
+    marginal_dim: int = setting(100, ge=1)
+    gae_hidden: int = setting(128, ge=1)
+    gae_out: int = setting(32, ge=1)
+    gae_iters: int = setting(100, ge=0)
+    gae_lr: float = setting(1e-3, gt=0.0)
+    gae_weight_decay: float = setting(5e-4, ge=0.0)
+    gae_norm: Literal["both", "hidden", "output", "none"] = "both"   # LayerNorm after: both layers | hidden | output | none (see the GAE section)
+    threshold: float = setting(0.1, ge=0.0)   # h = threshold / k
+    network_init: Literal["property", "random"] = "property"   # property | random
     learn_network: bool = True
-    aggregation: str = "discrete"       # discrete | dense
+    aggregation: Literal["discrete", "dense"] = "discrete"   # discrete | dense
     min_properties: int = 2
-    property_scaling: str = "none"      # none | standardize
+    property_scaling: Literal["none", "standardize"] = "none"   # none | standardize
 
     def validate(self) -> None:
         super().validate()
-        for name, allowed in (("gamma_on", ("self", "network")), ("network_init", ("property", "random")),
-                              ("aggregation", ("discrete", "dense")), ("property_scaling", ("none", "standardize")),
-                              ("gae_norm", ("both", "hidden", "output", "none"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        for name in ("beta", "gamma"):
-            if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("num_random_graphs", "random_graph_nodes", "marginal_dim", "gae_hidden", "gae_out"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.gae_iters < 0: raise ConfigError(f"gae_iters must be >= 0, got {self.gae_iters}")
-        if not 0 <= self.random_graph_p <= 1: raise ConfigError(f"random_graph_p must be in [0, 1], got {self.random_graph_p}")
-        if self.gae_lr <= 0 or self.gae_weight_decay < 0: raise ConfigError("gae_lr must be > 0 and gae_weight_decay >= 0")
-        if self.threshold < 0: raise ConfigError(f"threshold must be >= 0, got {self.threshold}")
         if not 1 <= self.min_properties <= len(PROPERTY_NAMES):
             raise ConfigError(f"min_properties must be in [1, {len(PROPERTY_NAMES)}], got {self.min_properties}")
 

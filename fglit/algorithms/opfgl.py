@@ -10,6 +10,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, flat_state,
                               load_flat_state, make_optimizer, register_algorithm)
+from ..fl.config import setting
 from ..fl.messages import SumSpec
 from ..models import propagate_hops
 
@@ -48,78 +50,63 @@ class OpFGLConfig(FedConfig):
     dropout: float = 0.0
     weight_decay: float = 5e-4
     # step A: statistics
-    hops: int = 1                      # L: X || ÂX || ... || Â^L X
-    min_class_count: int = 2           # classes with fewer (expanded) labeled nodes are not uploaded ([code]: count > 1)
+    hops: int = setting(1, ge=1)   # L: X || ÂX || ... || Â^L X
+    min_class_count: int = setting(2, ge=1)   # classes with fewer (expanded) labeled nodes are not uploaded ([code]: count > 1)
     # HRE
     hre: bool = True
     hre_criteria: str = "degree,confidence,homophily"   # C1, C2, C3 (Table 25 drops them)
-    lp_iters: int = 2
-    lp_alpha: float = 0.9
+    lp_iters: int = setting(2, ge=1)
+    lp_alpha: float = setting(0.9, ge=0.0, le=1.0)
     hre_degree: int = 3                # tau
-    hre_confidence: float = 0.95       # delta
-    hre_top_k: int = 1                 # K
+    hre_confidence: float = setting(0.95, ge=0.0, le=1.0)   # delta
+    hre_top_k: int = setting(1, ge=1)   # K
     # step C: surrogate graph
-    surrogate_nodes_per_class: int = 1
+    surrogate_nodes_per_class: int = setting(1, ge=1)
     surrogate_ratio: float = 0.0       # > 0: ceil(r x global class train count) nodes per class instead
-    surrogate_max_nodes: int = 300
-    surrogate_iters: int = 3000
-    surrogate_block: int = 50          # alternating blocks: `surrogate_edge_steps` edge-model steps, then feature steps
-    surrogate_edge_steps: int = 10
-    feature_lr: float = 5e-3
-    edge_lr: float = 1e-3
-    edge_hidden: int = 128
+    surrogate_max_nodes: int = setting(300, ge=1)
+    surrogate_iters: int = setting(3000, ge=1)
+    surrogate_block: int = setting(50, ge=1)   # alternating blocks: `surrogate_edge_steps` edge-model steps, then feature steps
+    surrogate_edge_steps: int = setting(10, ge=0)
+    feature_lr: float = setting(5e-3, gt=0.0)
+    edge_lr: float = setting(1e-3, gt=0.0)
+    edge_hidden: int = setting(128, ge=1)
     edge_eps: float = 0.01
     align_weight: float = 10.0
     smooth_weight: float = 0.1
     server_efficient: bool = False     # appendix G: the server sends the pooled statistics, clients build the graph
     # stages 1 and 2
-    stage1_lr: float = 1e-4
-    stage1_iters: int = 3000
-    finetune_lr: float = 5e-5
-    finetune_iters: int = 3000
-    eval_interval: int = 100           # validation check every this many iterations
-    patience: int = 5                  # checks without improvement before stopping
+    stage1_lr: float = setting(1e-4, gt=0.0)
+    stage1_iters: int = setting(3000, ge=1)
+    finetune_lr: float = setting(5e-5, gt=0.0)
+    finetune_iters: int = setting(3000, ge=1)
+    eval_interval: int = setting(100, ge=1)   # validation check every this many iterations
+    patience: int = setting(5, ge=1)   # checks without improvement before stopping
     distill_alpha: float = 0.2         # alpha
-    lambda_mode: str = "adaptive"      # adaptive (Eq. 17) | fixed (lambda_i = alpha) | none (plain fine-tuning)
+    lambda_mode: Literal["adaptive", "fixed", "none"] = "adaptive"   # adaptive (Eq. 17) | fixed (lambda_i = alpha) | none (plain fine-tuning)
     lambda_min: float = 0.0
     lambda_max: float = 1.0
-    lambda_labels: str = "soft"        # p in Eq. 17: "soft" = row-normalised LP labels (the paper); "raw" = the clamped LP scores (the authors' code)
-    finetune_loss: str = "ce"          # ce | focal (the "ft + focal" ablation)
+    lambda_labels: Literal["soft", "raw"] = "soft"   # p in Eq. 17: "soft" = row-normalised LP labels (the paper); "raw" = the clamped LP scores (the authors' code)
+    finetune_loss: Literal["ce", "focal"] = "ce"   # ce | focal (the "ft + focal" ablation)
     focal_gamma: float = 2.0
-    model_pool: str = ""               # "" = every client runs `model`; "hetero" = the paper's 10-model pool
+    model_pool: Literal["", "hetero"] = ""   # "" = every client runs `model`; "hetero" = the paper's 10-model pool
     # the authors' code where it departs from the paper without changing what the paper defines (named options, see "Settings")
-    early_stopping: str = "ties"       # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
-    model_init: str = "client"         # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])
-    smoothness: str = "penalty"        # "penalty": minimise sum A'(1 - sim); "similarity": minimise sum A' sim ([code])
-    link_init: str = "split"           # the link predictor's first layer drawn as two Linear(F, h) ("split") or as one Linear(2F, h) ("concat", [code])
+    early_stopping: Literal["ties", "strict"] = "ties"   # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
+    model_init: Literal["client", "shared"] = "client"   # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])
+    smoothness: Literal["penalty", "similarity"] = "penalty"   # "penalty": minimise sum A'(1 - sim); "similarity": minimise sum A' sim ([code])
+    link_init: Literal["split", "concat"] = "split"   # the link predictor's first layer drawn as two Linear(F, h) ("split") or as one Linear(2F, h) ("concat", [code])
 
     def validate(self) -> None:
         super().validate()
         if self.rounds != 2:
             raise ConfigError("O-pFGL is one-shot: rounds must be 2 (step 1 uploads, step 2 downloads), got "
                               f"{self.rounds}")
-        for name in ("hops", "min_class_count", "lp_iters", "hre_top_k", "surrogate_nodes_per_class", "surrogate_max_nodes",
-                     "surrogate_iters", "surrogate_block", "edge_hidden", "stage1_iters", "finetune_iters",
-                     "eval_interval", "patience"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.surrogate_edge_steps <= self.surrogate_block:
+        if self.surrogate_edge_steps > self.surrogate_block:
             raise ConfigError("surrogate_edge_steps must be in [0, surrogate_block]")
-        for name in ("lp_alpha", "hre_confidence"):
-            if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         bad = set(self.criteria) - set(HRE_CRITERIA)
         if bad: raise ConfigError(f"hre_criteria: unknown {sorted(bad)}; allowed: {', '.join(HRE_CRITERIA)}")
-        for name, allowed in (("lambda_mode", ("adaptive", "fixed", "none")), ("finetune_loss", ("ce", "focal")),
-                              ("lambda_labels", ("soft", "raw")), ("early_stopping", ("ties", "strict")),
-                              ("model_init", ("client", "shared")), ("smoothness", ("penalty", "similarity")),
-                              ("link_init", ("split", "concat")),
-                              ("model_pool", ("", "hetero"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {getattr(self, name)!r}")
         if self.lambda_min > self.lambda_max: raise ConfigError("lambda_min must be <= lambda_max")
         if self.model_init == "shared" and self.model_pool:
             raise ConfigError("model_init='shared' needs one model for every client; model_pool='hetero' gives each its own")
-        for name in ("feature_lr", "edge_lr", "stage1_lr", "finetune_lr"):
-            if getattr(self, name) <= 0: raise ConfigError(f"{name} must be > 0")
 
     @property
     def criteria(self) -> tuple[str, ...]:

@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
+import re
 import typing
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -17,83 +20,113 @@ from ..models import MODELS
 
 
 # %% auto #0
-__all__ = ['ConfigError', 'FedConfig', 'make_config']
+__all__ = ['ConfigError', 'setting', 'literal_choices', 'bounds_text', 'check_settings', 'FedConfig', 'make_config',
+           'describe_config']
 
 # %% ../../nbs/fl/01_config.ipynb #603709e6
 class ConfigError(ValueError):
     "A setting the user can correct: unknown name, wrong type or value out of range."
 
+_BOUND_OPS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
+              "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+
+def setting(default, *, ge=None, gt=None, le=None, lt=None, help: str = ""):
+    "A config field with its bounds and one-line meaning declared beside it; `check_settings` enforces the bounds."
+    bounds = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt).items() if v is not None}
+    return field(default=default, metadata={"bounds": bounds, "help": help})
+
+def _declared(cls: type, name: str, key: str):
+    "The `setting` metadata `key` of field `name`, from the most specific class of `cls`'s MRO that declares it."
+    for klass in cls.__mro__:
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and key in f.metadata: return f.metadata[key]
+    return None
+
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+def literal_choices(cls: type, name: str) -> tuple | None:
+    "The values allowed for field `name` when some class of `cls`'s MRO types it as a `Literal` (most specific first), else None."
+    for klass in cls.__mro__:
+        if name not in getattr(klass, "__annotations__", {}): continue
+        kind = _hints(klass)[name]
+        args = typing.get_args(kind) if typing.get_origin(kind) is not Literal else (kind,)
+        for a in (kind, *args):
+            if typing.get_origin(a) is Literal:
+                return typing.get_args(a) + ((None,) if type(None) in args else ())
+    return None
+
+def bounds_text(bounds: dict) -> str:
+    return " and ".join(f"{_BOUND_OPS[k][0]} {v:g}" if isinstance(v, float) else f"{_BOUND_OPS[k][0]} {v}" for k, v in bounds.items())
+
+def check_settings(config) -> None:
+    "Refuse a non-finite number in any field, a value outside a field's declared bounds (`setting`) or outside its `Literal` choices."
+    cls = type(config)
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{f.name} must be a finite number, got {v}")
+        choices = literal_choices(cls, f.name)
+        if choices is not None and v not in choices:
+            raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {v!r}")
+        bounds = _declared(cls, f.name, "bounds")
+        if bounds and v is not None and not all(_BOUND_OPS[k][1](v, b) for k, b in bounds.items()):
+            raise ConfigError(f"{f.name} must be {bounds_text(bounds)}, got {v}")
+
 @dataclass
 class FedConfig:
     "Settings every algorithm shares; algorithm configs subclass it with their paper's defaults."
-    rounds: int = 100
-    local_epochs: int = 3
-    model: str | None = None
-    hidden: int = 64
-    layers: int = 2
-    dropout: float = 0.5
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    optimizer: str = "adam"
-    batch_size: int = 64
-    client_fraction: float = 1.0
-    evaluation: str = "global"
-    selection: str = "best_val"
-    weighting: str = "nodes"
-    eval_every: int = 1
-    graphless_knn: int = 0        # > 0: graphless clients train on a cosine kNN graph of their features (Local-/Fed-GNNk)
-    graphless_model: str = ""     # a model name: graphless clients run it instead of `model` (Fed-GNNMLP, FedProto in FedGLS)
-    fold: int = -1                # >= 0: cross-validation fold used as the test set (the partition needs folds=k)
+    rounds: int = setting(100, ge=1, help="communication rounds")
+    local_epochs: int = setting(3, ge=0, help="local epochs per round")
+    model: str | None = setting(None, help="the model (None: GCN for node tasks, GIN for graph tasks)")
+    hidden: int = setting(64, ge=1, help="hidden width of the model")
+    layers: int = setting(2, ge=1, help="layers of the model")
+    dropout: float = setting(0.5, ge=0.0, lt=1.0, help="the model's dropout rate")
+    lr: float = setting(0.01, gt=0.0, help="local learning rate")
+    weight_decay: float = setting(5e-4, ge=0.0, help="local weight decay")
+    optimizer: Literal["adam", "sgd"] = setting("adam", help="local optimizer; each client keeps its optimizer across rounds")
+    batch_size: int = setting(64, ge=1, help="graphs per mini-batch (graph tasks; node tasks train full-batch)")
+    client_fraction: float = setting(1.0, gt=0.0, le=1.0, help="share of clients selected each round")
+    evaluation: Literal["global", "local"] = setting("global", help="global: score the model the server would send; local: each client's own")
+    selection: Literal["best_val", "last"] = setting("best_val", help="which round is reported: best validation accuracy, or the last")
+    weighting: Literal["nodes", "plain"] = setting("nodes", help="client average weighted by evaluated items, or plain")
+    eval_every: int = setting(1, ge=1, help="evaluate every this many rounds (and after the last)")
+    graphless_knn: int = setting(0, ge=0, help="> 0: graphless clients train on a cosine kNN graph of their features with this k")
+    graphless_model: str = setting("", help="a model name: graphless clients run it instead of `model` (mlp: Fed-GNNMLP)")
+    fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")
     # privacy (fglit.secagg, fglit.privacy): applied between local_step and aggregate by `Uplink`
-    secure_aggregation: bool = False
-    secagg_dropout: float = 0.0          # share of senders that drop out after sending their masked input
-    secagg_dropout_before: float = 0.0   # share that drop out after sharing keys, before sending their input
-    secagg_threshold: float = 2 / 3      # t = floor(threshold * group size) + 1
-    secagg_neighbours: int = 0           # 0: every client (Bonawitz et al.); k > 0: SecAgg+ k-regular graph; -1: k = 2 ceil(log2 n)
-    secagg_frac_bits: int = 32           # fixed-point fractional bits in Z_2^64
-    dp_noise: float = 0.0                # Gaussian noise multiplier (0: no differential privacy)
-    dp_clip: float = 1.0                 # L2 clip norm of a client's contribution
-    dp_delta: float = 1e-5               # delta of the reported epsilon
-    dp_fraction: float = 1.0             # share of coordinates noised (< 1: FedPG's partial noise, no finite epsilon)
+    secure_aggregation: bool = setting(False, help="uploads through secure aggregation (fglit.secagg)")
+    secagg_dropout: float = setting(0.0, ge=0.0, le=1.0, help="share of senders that drop out after sending their masked input")
+    secagg_dropout_before: float = setting(0.0, ge=0.0, le=1.0, help="share that drop out after sharing keys, before sending their input")
+    secagg_threshold: float = setting(2 / 3, gt=0.0, lt=1.0, help="t = floor(threshold * group size) + 1")
+    secagg_neighbours: int = setting(0, ge=-1, help="0: every client; k > 0: SecAgg+ k-regular graph; -1: k = 2 ceil(log2 n)")
+    secagg_frac_bits: int = setting(32, ge=0, le=52, help="fixed-point fractional bits in Z_2^64")
+    dp_noise: float = setting(0.0, ge=0.0, help="Gaussian noise multiplier of client-level DP (0: no DP)")
+    dp_clip: float = setting(1.0, gt=0.0, help="L2 clip norm of a client's contribution")
+    dp_delta: float = setting(1e-5, gt=0.0, lt=1.0, help="delta of the reported epsilon")
+    dp_fraction: float = setting(1.0, ge=0.0, le=1.0, help="share of coordinates noised (< 1: FedPG's partial noise, no finite epsilon)")
     # what an algorithm cannot do, declared once on its config class and enforced by `check_setup` ('' = no restriction)
     node_task_only: ClassVar[str] = ""   # why it needs node classification, e.g. "FedGTA is a node-classification method (...)"
     graph_task_only: ClassVar[str] = ""  # why it needs graph classification, e.g. "FedStar is a graph-classification method (...)"
     one_model_only: ClassVar[str] = ""   # why every client must run the same model, e.g. "FedGTA averages the clients' weights"
 
     def validate(self) -> None:
-        "Raise `ConfigError` for values out of range."
-        if self.graphless_knn < 0: raise ConfigError(f"graphless_knn must be >= 0, got {self.graphless_knn}")
-        for name in ("secagg_dropout", "secagg_dropout_before", "dp_fraction"):
-            if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        "Raise `ConfigError` for values out of range: the declared bounds and choices, then what involves several fields."
+        check_settings(self)
         if self.secagg_dropout + self.secagg_dropout_before >= 1: raise ConfigError("secagg_dropout + secagg_dropout_before must be < 1")
-        if not 0 < self.secagg_threshold < 1: raise ConfigError(f"secagg_threshold must be in (0, 1), got {self.secagg_threshold}")
-        if self.secagg_neighbours < -1: raise ConfigError(f"secagg_neighbours must be >= -1, got {self.secagg_neighbours}")
-        if not 0 <= self.secagg_frac_bits <= 52: raise ConfigError(f"secagg_frac_bits must be in [0, 52], got {self.secagg_frac_bits}")
-        if self.dp_noise < 0 or self.dp_clip <= 0 or not 0 < self.dp_delta < 1:
-            raise ConfigError("dp_noise must be >= 0, dp_clip > 0 and dp_delta in (0, 1)")
         if (self.secagg_dropout or self.secagg_dropout_before) and not self.secure_aggregation:
             raise ConfigError("secagg_dropout and secagg_dropout_before need secure_aggregation=True")
-        if self.fold < -1: raise ConfigError(f"fold must be -1 (use the split masks) or a fold index >= 0, got {self.fold}")
         if self.fold >= 0 and self.selection == "best_val":
             raise ConfigError("cross-validation folds have no validation set: set selection='last' to use fold >= 0")
         if self.graphless_model and self.graphless_model.lower() not in MODELS:
             raise ConfigError(f"graphless_model must be '' or one of {', '.join(MODELS)}; got {self.graphless_model!r}")
         if self.graphless_model and self.one_model_only:
             raise ConfigError(f"{self.one_model_only}: every client needs the same model; unset graphless_model")
-        for name in ("rounds", "hidden", "layers", "batch_size", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.local_epochs < 0: raise ConfigError(f"local_epochs must be >= 0, got {self.local_epochs}")
-        if not 0 < self.client_fraction <= 1: raise ConfigError(f"client_fraction must be in (0, 1], got {self.client_fraction}")
-        if not 0 <= self.dropout < 1: raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.lr <= 0 or self.weight_decay < 0: raise ConfigError("lr must be > 0 and weight_decay >= 0")
-        for name, allowed in (("optimizer", ("adam", "sgd")), ("evaluation", ("global", "local")),
-                              ("selection", SELECTIONS), ("weighting", WEIGHTINGS)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+
+assert literal_choices(FedConfig, "selection") == tuple(SELECTIONS) and literal_choices(FedConfig, "weighting") == tuple(WEIGHTINGS)
 
 def _convert(name: str, value, kind) -> Any:
-    "Convert `value` to the type annotation `kind` (int, float, bool, str, or their `| None`)."
+    "Convert `value` to the type annotation `kind` (int, float, bool, str, or their `| None`); floats must be finite."
     args = set(typing.get_args(kind)) or {kind}
     if value is None and type(None) in args:
         return None
@@ -104,7 +137,9 @@ def _convert(name: str, value, kind) -> Any:
         if t is bool and isinstance(value, str) and value.lower() in ("true", "false"): return value.lower() == "true"
         if t is int and isinstance(value, (int, np.integer)) and not isinstance(value, bool): return int(value)
         if t is int and isinstance(value, float) and value.is_integer(): return int(value)
-        if t is float and isinstance(value, (int, float, np.number)) and not isinstance(value, bool): return float(value)
+        if t is float and isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)): raise ConfigError(f"{name} must be a finite number, got {value!r}")
+            return float(value)
         if t is str and isinstance(value, str): return value
     wanted = " or ".join(sorted(getattr(a, "__name__", str(a)) for a in args))
     raise ConfigError(f"setting {name!r} must be {wanted}, got {value!r}")
@@ -117,7 +152,37 @@ def make_config(config_cls: type, settings: dict | None = None):
     for key, value in (settings or {}).items():
         if key not in names:
             raise ConfigError(f"unknown setting {key!r} for {config_cls.__name__}; allowed: {', '.join(names)}")
-        values[key] = _convert(key, value, hints[key])
+        choices = literal_choices(config_cls, key)      # a subclass that re-declares a choice field keeps its choices
+        if choices is None:
+            values[key] = _convert(key, value, hints[key])
+        elif value in choices:
+            values[key] = value
+        else:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
     config = config_cls(**values)
     config.validate()
     return config
+
+def _comments(cls: type) -> dict[str, str]:
+    "Trailing `# comments` of field lines in the source of `cls` and its bases (most specific first)."
+    out = {}
+    for klass in reversed(cls.__mro__):
+        try: src = inspect.getsource(klass)
+        except (OSError, TypeError): continue
+        for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^\n#]*#\s*(.+)$", src, re.M):
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+def describe_config(config_cls: type):
+    "One row per setting of `config_cls`: name, type, default, allowed values and one-line meaning (declared `help`, else the field's comment)."
+    import pandas as pd
+    hints, comments, rows = typing.get_type_hints(config_cls), _comments(config_cls), []
+    for f in dataclasses.fields(config_cls):
+        choices, bounds = literal_choices(config_cls, f.name), _declared(config_cls, f.name, "bounds")
+        kind = hints[f.name]
+        rows.append(dict(setting=f.name, type="choice" if choices else getattr(kind, "__name__", str(kind).replace("typing.", "")),
+                         default=f.default if f.default is not dataclasses.MISSING else None,
+                         allowed=", ".join(map(str, choices)) if choices else bounds_text(bounds or {}),
+                         meaning=_declared(config_cls, f.name, "help") or comments.get(f.name, "")))
+    return pd.DataFrame(rows)
+

@@ -1,0 +1,97 @@
+"""Declarative configs: bounds and choices declared beside each field, checked by the shared conversion for every
+algorithm's config; non-finite numbers refused everywhere; the settings table `fglit algorithms NAME` prints."""
+import dataclasses
+import json
+import math
+import typing
+
+import pytest
+
+from fglit.cli import main
+from fglit.federation import ALGORITHMS, ConfigError, FedConfig, load_algorithms, make_config
+from fglit.fl.config import check_settings, describe_config, literal_choices
+
+load_algorithms()
+CONFIGS = sorted({a.config for a in ALGORITHMS.values()}, key=lambda c: c.__name__)
+
+
+def float_fields(cls):
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if float in (typing.get_args(hints[f.name]) or (hints[f.name],))]
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_non_finite_numbers_are_refused_in_every_float_setting(cls):
+    names = float_fields(cls)
+    assert "lr" in names and "dp_clip" in names
+    for name in names:
+        for bad in (math.nan, math.inf, -math.inf, "nan", "inf"):
+            with pytest.raises(ConfigError, match=name):
+                make_config(cls, {name: float(bad) if isinstance(bad, str) else bad})
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_choices_are_refused_outside_their_literal(cls):
+    choice_fields = [f.name for f in dataclasses.fields(cls) if literal_choices(cls, f.name)]
+    assert {"optimizer", "evaluation", "selection", "weighting"} <= set(choice_fields)
+    for name in choice_fields:
+        with pytest.raises(ConfigError, match=f"{name} must be one of .*; got 'no-such-choice'"):
+            make_config(cls, {name: "no-such-choice"})
+        for ok in literal_choices(cls, name):
+            if ok is not None: assert getattr(make_config(cls, {name: ok}), name) == ok
+
+
+def test_bounds_survive_a_subclass_that_changes_the_default():
+    from fglit.algorithms.personalisation import GraphPFLConfig
+    assert GraphPFLConfig().rounds == 200 and GraphPFLConfig().selection == "last"
+    with pytest.raises(ConfigError, match="rounds must be >= 1, got 0"):
+        make_config(GraphPFLConfig, {"rounds": 0})
+    with pytest.raises(ConfigError, match="selection must be one of best_val, last"):
+        make_config(GraphPFLConfig, {"selection": "best"})
+    with pytest.raises(ConfigError, match=r"dropout must be >= 0 and < 1, got 1.0"):
+        make_config(ALGORITHMS["fedpg"].config, {"dropout": 1.0})
+
+
+def test_a_config_built_directly_is_checked_by_validate():
+    config = FedConfig(lr=float("nan"))
+    with pytest.raises(ConfigError, match="lr must be a finite number"):
+        config.validate()
+    with pytest.raises(ConfigError, match="client_fraction must be > 0 and <= 1"):
+        check_settings(FedConfig(client_fraction=1.5))
+    with pytest.raises(ConfigError, match="optimizer must be one of adam, sgd"):
+        FedConfig(optimizer="rmsprop").validate()
+
+
+@pytest.mark.parametrize("name", ["fedavg", "opfgl", "gpfl", "fedpg", "fedgls"])
+def test_settings_table_has_every_field(name):
+    cls = ALGORITHMS[name].config
+    table = describe_config(cls)
+    assert table.setting.tolist() == [f.name for f in dataclasses.fields(cls)]
+    shared = table[table.setting.isin([f.name for f in dataclasses.fields(FedConfig)])]
+    assert (shared.meaning != "").all()                        # every shared setting says what it means
+    row = table.set_index("setting").loc["client_fraction"]
+    assert row.allowed == "> 0 and <= 1" and row.type == "float"
+    assert table.set_index("setting").loc["optimizer"].allowed == "adam, sgd"
+
+
+def test_cli_algorithms(capsys):
+    assert main(["algorithms", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["algorithm"] for r in rows} == set(ALGORITHMS)
+    assert next(r for r in rows if r["algorithm"] == "gpfl")["tasks"] == "graph"
+    assert main(["algorithms", "fedprox", "--json"]) == 0
+    settings = {r["setting"]: r for r in json.loads(capsys.readouterr().out)}
+    assert settings["mu"]["default"] == 0.01 and settings["lr"]["allowed"] == "> 0"
+    assert main(["algorithms", "fedproxx"]) == 2
+    assert "unknown algorithm 'fedproxx'" in capsys.readouterr().err
+
+
+def test_secure_aggregation_dropout_flag_cannot_be_mistaken_for_model_dropout(shared_root, capsys):
+    with pytest.raises(SystemExit):                             # the old, ambiguous flag is gone
+        main(["run", "fedavg", "--dataset", "Cora", "--dropout", "0.2"])
+    capsys.readouterr()
+    code = main(["run", "fedavg", "--dataset", "Cora", "--clients", "4", "--rounds", "1", "--local-epochs", "1", "--quiet",
+                 "--json", "--root", str(shared_root), "--secure-aggregation", "--secagg-dropout", "0.25"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["config"]["secagg_dropout"] == 0.25 and summary["config"]["dropout"] == 0.5
