@@ -33,9 +33,9 @@ setuptools.setup(
         "Natural Language :: " + cfg["language"],
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ] + ["Programming Language :: Python :: " + v for v in py_versions[py_versions.index(min_python):]],
-    packages=setuptools.find_packages(include=[cfg["lib_path"], cfg["lib_path"] + ".*"]),
+    packages=setuptools.find_namespace_packages(include=[cfg["lib_path"], cfg["lib_path"] + ".*"], exclude=["*.__pycache__"]),
     include_package_data=True,
-    package_data={cfg["lib_path"]: ["paper_numbers/*.csv"]},     # the papers' printed numbers (fglit.reproduction.load_paper_numbers)
+    package_data={cfg["lib_path"] + ".paper_numbers": ["*.csv"]},     # the papers' printed numbers (fglit.reproduction.load_paper_numbers)
     python_requires=">=" + min_python,
     install_requires=cfg["requirements"].split(),
     extras_require={"dev": cfg["dev_requirements"].split()},

@@ -95,3 +95,11 @@ def test_secure_aggregation_dropout_flag_cannot_be_mistaken_for_model_dropout(sh
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["config"]["secagg_dropout"] == 0.25 and summary["config"]["dropout"] == 0.5
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_every_config_signature_evaluates(cls):
+    "What `show_doc` and `inspect.signature(..., eval_str=True)` do: inherited `Literal` fields resolve in any module."
+    import inspect
+    params = inspect.signature(cls, eval_str=True).parameters
+    assert typing.get_origin(params["optimizer"].annotation) is typing.Literal

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,7 @@ from .fedavg import FedAvgClient, FedAvgServer
 from ..federation import ConfigError, FedConfig, LocalData, Message, ModelSpec, register_algorithm
 from ..fl.messages import WEIGHTED_PARAMS
 from ..models import SPARSE_INPUT_DENSITY, Dropout, SparseOperand, adjacency, spmm
-
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['FUSIONS', 'ADAFGL', 'AdaFGLConfig', 'personal_epochs_in_round', 'knowledge_edges', 'knowledge_adjacency',
@@ -31,21 +32,21 @@ class AdaFGLConfig(FedConfig):
     "AdaFGL (Li et al., ICDE 2024): fglit's shared step-1 (FedAvg) defaults plus the constants of the authors' code for step 2."
     node_task_only = "AdaFGL is a node-classification method (its step 2 propagates over a client's nodes)"
     federated_rounds: int | None = None   # F: FedAvg rounds; None -> rounds // 2; rounds F+1..rounds personalise
-    personal_epochs: int = 200            # step-2 epochs in all, spread evenly over the step-2 rounds
-    personal_lr: float = 0.01
-    personal_weight_decay: float = 5e-4
-    prop_steps: int = 3                   # K: feature propagation steps over the optimised topology
-    alpha: float = 0.05                   # weight of the local topology in A* = alpha A + (1 - alpha) K
-    beta: float = 0.2                     # weight of the knowledge links K in the learnable propagation matrix
-    knowledge_threshold: float = 0.999    # tau: link i, j when cos(P_i, P_j) > tau
-    lp_steps: int = 10                    # HCS label propagation steps
-    lp_alpha: float = 0.5                 # gamma: propagation share of label propagation
-    hcs_splits: int = 1                   # random halves of the training labels averaged in the HCS
-    homo_layers: int = 2
-    hete_layers: int = 3
-    knowledge_weight: float = 1.0         # lambda of the knowledge-preserving term of the homophilous loss
-    fusion: str = "hcs"                   # hcs: HCS-weighted mix | homo / hete: one branch (ablation)
-    max_dense_nodes: int = 10000          # step 2 holds N x N matrices: larger clients are refused
+    personal_epochs: int = setting(200, ge=0)   # step-2 epochs in all, spread evenly over the step-2 rounds
+    personal_lr: float = setting(0.01, gt=0.0)
+    personal_weight_decay: float = setting(5e-4, ge=0.0)
+    prop_steps: int = setting(3, ge=0)   # K: feature propagation steps over the optimised topology
+    alpha: float = setting(0.05, ge=0.0, le=1.0)   # weight of the local topology in A* = alpha A + (1 - alpha) K
+    beta: float = setting(0.2, ge=0.0, le=1.0)   # weight of the knowledge links K in the learnable propagation matrix
+    knowledge_threshold: float = setting(0.999, ge=0.0, le=1.0)   # tau: link i, j when cos(P_i, P_j) > tau
+    lp_steps: int = setting(10, ge=0)   # HCS label propagation steps
+    lp_alpha: float = setting(0.5, ge=0.0, le=1.0)   # gamma: propagation share of label propagation
+    hcs_splits: int = setting(1, ge=1)   # random halves of the training labels averaged in the HCS
+    homo_layers: int = setting(2, ge=1)
+    hete_layers: int = setting(3, ge=1)
+    knowledge_weight: float = setting(1.0, ge=0.0)   # lambda of the knowledge-preserving term of the homophilous loss
+    fusion: Literal["hcs", "homo", "hete"] = "hcs"   # hcs: HCS-weighted mix | homo / hete: one branch (ablation)
+    max_dense_nodes: int = setting(10000, ge=1)   # step 2 holds N x N matrices: larger clients are refused
 
     def __post_init__(self):
         if self.federated_rounds is None:
@@ -56,20 +57,6 @@ class AdaFGLConfig(FedConfig):
         if not 1 <= self.federated_rounds < self.rounds:
             raise ConfigError(f"AdaFGL needs 1 <= federated_rounds < rounds (step 1, then at least one personalisation "
                               f"round); got federated_rounds={self.federated_rounds}, rounds={self.rounds}")
-        for name in ("personal_epochs", "prop_steps", "lp_steps"):
-            if getattr(self, name) < 0: raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("hcs_splits", "homo_layers", "hete_layers", "max_dense_nodes"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("alpha", "beta", "knowledge_threshold", "lp_alpha"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and 0 <= v <= 1): raise ConfigError(f"{name} must be in [0, 1], got {v}")
-        if not (math.isfinite(self.personal_lr) and self.personal_lr > 0):
-            raise ConfigError(f"personal_lr must be > 0, got {self.personal_lr}")
-        for name in ("personal_weight_decay", "knowledge_weight"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0): raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
-        if self.fusion not in FUSIONS:
-            raise ConfigError(f"fusion must be one of {', '.join(FUSIONS)}; got {self.fusion!r}")
 
 def personal_epochs_in_round(config: AdaFGLConfig, rnd: int) -> int:
     "Step-2 epochs of round `rnd`: `personal_epochs` split as evenly as possible over rounds F+1..rounds (earlier rounds take the remainder); 0 in step 1."

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from torch import Tensor
 from ..federation import (Client, ConfigError, FedConfig, Message, Server, flat_state, load_flat_state,
                               register_algorithm, weighted_mean)
 from ..fl.messages import WEIGHTED_PARAMS, SumSpec
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
@@ -38,11 +40,8 @@ register_algorithm("standalone", StandaloneClient, Server, StandaloneConfig, pap
 @dataclass
 class FedAvgConfig(FedConfig):
     "FedAvg (McMahan et al. 2017): the shared defaults; `federated_rounds` = F stops the federation after F rounds."
-    federated_rounds: int = 0        # 0: every round is federated; F > 0: after F rounds the global model is sent once more and clients fine-tune locally
+    federated_rounds: int = setting(0, ge=0)   # 0: every round is federated; F > 0: after F rounds the global model is sent once more and clients fine-tune locally
 
-    def validate(self) -> None:
-        super().validate()
-        if self.federated_rounds < 0: raise ConfigError(f"federated_rounds must be >= 0, got {self.federated_rounds}")
 
 def _federating(config, rnd: int) -> bool:
     "Whether round `rnd` uploads (rounds beyond a positive `federated_rounds` are local fine-tuning)."
@@ -135,12 +134,8 @@ class ScaffoldConfig(FedConfig):
     "SCAFFOLD (Karimireddy et al. 2020)."
     one_model_only = "SCAFFOLD keeps one control variate per weight of one global model"
     global_lr: float = 1.0
-    control_update: str = "gradient"      # option I; "difference" is option II (plain SGD)
+    control_update: Literal["gradient", "difference"] = "gradient"   # option I; "difference" is option II (plain SGD)
 
-    def validate(self) -> None:
-        super().validate()
-        if self.control_update not in ("gradient", "difference"):
-            raise ConfigError(f"control_update must be one of gradient, difference; got {self.control_update!r}")
 
 def _param_vector(model) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

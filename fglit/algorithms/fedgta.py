@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from torch_geometric.utils import remove_self_loops
 
 from .personalisation import PersonalisedServer, cosine_matrix, personalise
 from ..federation import Client, ConfigError, FedConfig, Message, flat_state, load_flat_state, register_algorithm
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['MOMENT_TYPES', 'FEDGTA', 'FedGTAConfig', 'propagation_matrix', 'propagate_labels', 'seed_labels', 'node_degrees',
@@ -31,30 +32,16 @@ class FedGTAConfig(FedConfig):
     node_task_only = "FedGTA is a node-classification method (its statistics live on a client's nodes)"
     one_model_only = "FedGTA averages the clients' weights"
     evaluation: str = "global"            # score the personalised theta_bar_i the server holds for each client
-    lp_steps: int = 5                     # K, label-propagation steps
-    lp_alpha: float = 0.5                 # alpha in Y_k = alpha A Y_{k-1} + (1 - alpha) Y_0
-    lp_r: float = 0.5                     # r in D^(r-1) (A + I) D^(-r)
-    temperature: float = 20.0             # T of softmax(Y_K / T) in the confidence
-    num_moments: int = 10                 # P, highest moment order
-    moment_type: str = "hybrid"           # raw | central | hybrid (both)
-    accept_threshold: float = 0.5         # epsilon: j joins i's average when cos(M_i, M_j) > epsilon
-    degree_offset: float = 0.0            # added to every node degree in the confidence
+    lp_steps: int = setting(5, ge=0)   # K, label-propagation steps
+    lp_alpha: float = setting(0.5, ge=0.0, le=1.0)   # alpha in Y_k = alpha A Y_{k-1} + (1 - alpha) Y_0
+    lp_r: float = setting(0.5, ge=0.0, le=1.0)   # r in D^(r-1) (A + I) D^(-r)
+    temperature: float = setting(20.0, gt=0.0)   # T of softmax(Y_K / T) in the confidence
+    num_moments: int = setting(10, ge=1)   # P, highest moment order
+    moment_type: Literal["raw", "central", "hybrid"] = "hybrid"   # raw | central | hybrid (both)
+    accept_threshold: float = setting(0.5, ge=-1.0, le=1.0)   # epsilon: j joins i's average when cos(M_i, M_j) > epsilon
+    degree_offset: float = setting(0.0, ge=0.0)   # added to every node degree in the confidence
 
-    def validate(self) -> None:
-        super().validate()
-        if self.lp_steps < 0: raise ConfigError(f"lp_steps must be >= 0, got {self.lp_steps}")
-        if self.num_moments < 1: raise ConfigError(f"num_moments must be >= 1, got {self.num_moments}")
-        for name in ("lp_alpha", "lp_r"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and 0 <= v <= 1): raise ConfigError(f"{name} must be in [0, 1], got {v}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature must be a finite number > 0, got {self.temperature}")
-        if not (math.isfinite(self.accept_threshold) and -1 <= self.accept_threshold <= 1):
-            raise ConfigError(f"accept_threshold must be in [-1, 1] (a cosine), got {self.accept_threshold}")
-        if not (math.isfinite(self.degree_offset) and self.degree_offset >= 0):
-            raise ConfigError(f"degree_offset must be a finite number >= 0, got {self.degree_offset}")
-        if self.moment_type not in MOMENT_TYPES:
-            raise ConfigError(f"moment_type must be one of {', '.join(MOMENT_TYPES)}; got {self.moment_type!r}")
+
 
 # %% ../../nbs/16_fedgta.ipynb #b45c63a6
 def propagation_matrix(edge_index: Tensor, num_nodes: int, r: float = 0.5) -> tuple[Tensor, Tensor, Tensor]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from .personalisation import GraphPFLConfig, PersonalisedServer, cosine_matrix, 
 from ..core import get_device
 from ..federation import (Batch, Client, ConfigError, FedConfig, Message, flat_state, load_flat_state,
                               register_algorithm)
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['MASK_MODES', 'FEDPUB', 'FedPUBConfig', 'fedpub_defaults', 'sbm_graph', 'random_graph', 'functional_embedding',
@@ -33,32 +34,19 @@ class FedPUBConfig(FedConfig):
     one_model_only = "Fed-PUB averages the clients' weights"
     hidden: int = 128
     evaluation: str = "local"             # each client's masked model after its local step
-    tau: float = 10.0                     # temperature of exp(tau * cos) (paper: 10)
-    lambda1: float = 1e-3                 # L1 weight on the masks
-    lambda2: float = 1e-3                 # weight of ||theta - theta_bar||^2
-    mask: str = "weights"                 # which parameters carry a mask: weights (>= 2-D) | all | none
-    l1_update: str = "proximal"           # proximal: soft-threshold masks by lr * lambda1 after each step | gradient: in the loss
-    embedding_on: str = "client"          # client: h_i from the masked model, uploaded | server: from the uploaded weights
+    tau: float = setting(10.0, ge=0.0)   # temperature of exp(tau * cos) (paper: 10)
+    lambda1: float = setting(1e-3, ge=0.0)   # L1 weight on the masks
+    lambda2: float = setting(1e-3, ge=0.0)   # weight of ||theta - theta_bar||^2
+    mask: Literal["weights", "all", "none"] = "weights"   # which parameters carry a mask: weights (>= 2-D) | all | none
+    l1_update: Literal["proximal", "gradient"] = "proximal"   # proximal: soft-threshold masks by lr * lambda1 after each step | gradient: in the loss
+    embedding_on: Literal["client", "server"] = "client"   # client: h_i from the masked model, uploaded | server: from the uploaded weights
     size_weighting: bool = False          # alpha_ij proportional to n_j exp(tau S_ij) (tau=0: FedAvg's weighted mean)
-    random_graph_blocks: int = 5
-    random_graph_block_size: int = 100
-    random_graph_p_in: float = 0.1
-    random_graph_p_out: float = 0.0
+    random_graph_blocks: int = setting(5, ge=1)
+    random_graph_block_size: int = setting(100, ge=1)
+    random_graph_p_in: float = setting(0.1, ge=0.0, le=1.0)
+    random_graph_p_out: float = setting(0.0, ge=0.0, le=1.0)
     random_graph_seed: int = 0
 
-    def validate(self) -> None:
-        super().validate()
-        if not (math.isfinite(self.tau) and self.tau >= 0): raise ConfigError(f"tau must be a finite number >= 0, got {self.tau}")
-        for name in ("lambda1", "lambda2"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0): raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
-        for name, allowed in (("mask", MASK_MODES), ("embedding_on", ("client", "server")), ("l1_update", ("proximal", "gradient"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        for name in ("random_graph_blocks", "random_graph_block_size"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("random_graph_p_in", "random_graph_p_out"):
-            if not 0 <= getattr(self, name) <= 1: raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 _GRAPH_SETUP = ("rounds", "local_epochs", "hidden", "layers", "dropout", "lr", "weight_decay", "batch_size", "selection", "weighting")
 

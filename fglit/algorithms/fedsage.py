@@ -18,6 +18,7 @@ from torch_geometric.utils import to_undirected
 from .fedavg import FedAvgClient, FedAvgServer
 from ..federation import ConfigError, FedConfig, LocalData, Message, ModelSpec, make_optimizer, register_algorithm
 from ..models import Dropout, build_model
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['FEDSAGE', 'FedSageConfig', 'NeighGen', 'predicted_counts', 'ImpairedGraph', 'impair_graph', 'feature_matching_loss',
@@ -30,16 +31,16 @@ class FedSageConfig(FedConfig):
     node_task_only = "FedSage+ is a node-classification method (NeighGen mends the neighbourhoods of a client's nodes)"
     model: str | None = "graphsage"    # the classifier (the paper's FedSage is GraphSAGE)
     gen_rounds: int | None = None      # G: NeighGen rounds; None -> max(1, rounds // 5); rounds G+1.. train the classifier
-    gen_epochs: int = 3                # NeighGen optimizer steps per NeighGen round
-    hide_portion: float = 0.5          # share of a client's nodes hidden to build its impaired graph
-    num_pred: int = 5                  # most neighbours generated per node
-    latent_dim: int = 64               # NeighGen encoder output (z_v)
-    gen_hidden: int = 128              # fGen hidden width
-    gen_noise: float = 1.0             # std of the Gaussian noise added to z_v before fGen
-    degree_weight: float = 1.0         # lambda_d
-    feature_weight: float = 1.0        # lambda_f
-    class_weight: float = 1.0          # lambda_c (classifier on the mended impaired graph)
-    cross_weight: float = 1.0          # alpha: weight of the mean cross-client fGen gradient
+    gen_epochs: int = setting(3, ge=0)   # NeighGen optimizer steps per NeighGen round
+    hide_portion: float = setting(0.5, ge=0.0, lt=1.0)   # share of a client's nodes hidden to build its impaired graph
+    num_pred: int = 5   # most neighbours generated per node
+    latent_dim: int = setting(64, ge=1)   # NeighGen encoder output (z_v)
+    gen_hidden: int = setting(128, ge=1)   # fGen hidden width
+    gen_noise: float = setting(1.0, ge=0.0)   # std of the Gaussian noise added to z_v before fGen
+    degree_weight: float = setting(1.0, ge=0.0)   # lambda_d
+    feature_weight: float = setting(1.0, ge=0.0)   # lambda_f
+    class_weight: float = setting(1.0, ge=0.0)   # lambda_c (classifier on the mended impaired graph)
+    cross_weight: float = setting(1.0, ge=0.0)   # alpha: weight of the mean cross-client fGen gradient
 
     def __post_init__(self):
         if self.gen_rounds is None:
@@ -53,14 +54,7 @@ class FedSageConfig(FedConfig):
         if self.num_pred < 1:
             raise ConfigError(f"num_pred must be >= 1, got {self.num_pred} (num_pred=0 generates nothing: that is FedSage, "
                               "i.e. run fedavg with model=graphsage)")
-        if not (math.isfinite(self.hide_portion) and 0 <= self.hide_portion < 1):
-            raise ConfigError(f"hide_portion must be in [0, 1), got {self.hide_portion}")
-        for name in ("latent_dim", "gen_hidden"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.gen_epochs < 0: raise ConfigError(f"gen_epochs must be >= 0, got {self.gen_epochs}")
-        for name in ("gen_noise", "degree_weight", "feature_weight", "class_weight", "cross_weight"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0): raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
+
 
 # %% ../../nbs/18_fedsage.ipynb #9b2f81b1
 class NeighGen(nn.Module):

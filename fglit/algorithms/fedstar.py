@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from ..federation import (ConfigError, LocalData, Message, ModelSpec, check_setu
                               register_algorithm)
 from ..fl.messages import WEIGHTED_PARAMS
 from ..models import CachedEncoder, GCNLayer, GraphModel, SparseGINConv, _gin_mlp
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['STRUCTURE_CONVS', 'FEDSTAR', 'StructureEncoder', 'FedStarEncoder', 'FedStarGIN', 'fedstar_model', 'FedStarConfig',
@@ -91,22 +93,17 @@ def fedstar_model(spec: ModelSpec, config) -> FedStarGIN:
 class FedStarConfig(GraphPFLConfig):
     "FedStar (Tan et al., AAAI 2023): GraphPFLConfig's GIN setup plus the structure embedding and encoder."
     graph_task_only = "FedStar is a graph-classification method (structure embeddings per graph, pooled readout)"
-    rw_dim: int = 16                  # k1: random-walk return probabilities for 1..k1 steps
-    degree_dim: int = 16              # k2: one-hot degree slots (degrees >= k2 share the last)
-    structure_conv: str = "gcn"       # structure encoder layers: gcn (the paper) | gin
+    rw_dim: int = setting(16, ge=0)   # k1: random-walk return probabilities for 1..k1 steps
+    degree_dim: int = setting(16, ge=0)   # k2: one-hot degree slots (degrees >= k2 share the last)
+    structure_conv: Literal["gcn", "gin"] = "gcn"   # structure encoder layers: gcn (the paper) | gin
     evaluation: str = "global"        # global: local model with the averaged structure encoder | local: as trained
 
     def validate(self) -> None:
         super().validate()
         if self.model is not None and str(self.model).lower() != "gin":
             raise ConfigError(f"FedStar's feature encoder is a GIN; model must be 'gin' (or unset), got {self.model!r}")
-        for name in ("rw_dim", "degree_dim"):
-            v = getattr(self, name)
-            if v < 0: raise ConfigError(f"{name} must be >= 0, got {v}")
         if self.rw_dim + self.degree_dim < 1:
             raise ConfigError("FedStar needs a structure embedding: rw_dim + degree_dim must be >= 1, got 0")
-        if self.structure_conv not in STRUCTURE_CONVS:
-            raise ConfigError(f"structure_conv must be one of {', '.join(STRUCTURE_CONVS)}; got {self.structure_conv!r}")
 
 def add_structure_embeddings(data: LocalData, rw_dim: int, degree_dim: int) -> None:
     "Append FedStar's structure embeddings to the features of every graph of a client's `LocalData`, in place and once (one union of all its graphs)."

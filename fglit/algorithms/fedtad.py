@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 from functools import cached_property
 
 import torch
@@ -20,6 +21,7 @@ from .structure import random_walk_embedding
 from ..core import get_device
 from ..federation import ConfigError, FedConfig, Message, flat_state, load_flat_state, register_algorithm
 from ..models import knn_graph
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['DISTILL_TARGETS', 'GENERATOR_HIDDEN', 'FEDTAD', 'FedTADConfig', 'topology_embedding', 'node_reliability',
@@ -36,33 +38,20 @@ class FedTADConfig(FedConfig):
     "FedTAD (Zhu et al., IJCAI 2024): fglit's shared node-task training defaults plus FedTAD's constants (defaults of the authors' code)."
     node_task_only = "FedTAD is a node-classification method (its reliabilities and pseudo graphs are node-level)"
     one_model_only = "FedTAD averages and distils one global model"
-    walk_length: int = 5              # K_rw: random-walk return probabilities for 1..K_rw steps in the topology embedding
-    num_generated: int = 100          # pseudo nodes the generator makes per distillation epoch
-    noise_dim: int = 32               # d_z of the generator's noise
-    knn: int = 5                      # neighbours of each pseudo node in the pseudo graph (cosine kNN)
-    distill_epochs: int = 5           # E: distillation epochs per round (fresh noise each)
-    generator_steps: int = 1          # generator updates per epoch
-    student_steps: int = 5            # global-model updates per epoch
-    generator_lr: float = 1e-3
-    student_lr: float = 1e-3
-    semantic_weight: float = 1.0      # lambda_1
-    diversity_weight: float = 1.0     # lambda_2
-    distill_target: str = "teachers"  # teachers: sum_i w_ic D(student, teacher_i) (paper); ensemble: D(student, sum_i w_ic teacher_i)
+    walk_length: int = setting(5, ge=0)   # K_rw: random-walk return probabilities for 1..K_rw steps in the topology embedding
+    num_generated: int = setting(100, ge=1)   # pseudo nodes the generator makes per distillation epoch
+    noise_dim: int = setting(32, ge=1)   # d_z of the generator's noise
+    knn: int = setting(5, ge=1)   # neighbours of each pseudo node in the pseudo graph (cosine kNN)
+    distill_epochs: int = setting(5, ge=0)   # E: distillation epochs per round (fresh noise each)
+    generator_steps: int = setting(1, ge=0)   # generator updates per epoch
+    student_steps: int = setting(5, ge=0)   # global-model updates per epoch
+    generator_lr: float = setting(1e-3, gt=0.0)
+    student_lr: float = setting(1e-3, gt=0.0)
+    semantic_weight: float = setting(1.0, ge=0.0)   # lambda_1
+    diversity_weight: float = setting(1.0, ge=0.0)   # lambda_2
+    distill_target: Literal["teachers", "ensemble"] = "teachers"   # teachers: sum_i w_ic D(student, teacher_i) (paper); ensemble: D(student, sum_i w_ic teacher_i)
 
-    def validate(self) -> None:
-        super().validate()
-        for name in ("num_generated", "noise_dim", "knn"):
-            if getattr(self, name) < 1: raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("walk_length", "distill_epochs", "generator_steps", "student_steps"):
-            if getattr(self, name) < 0: raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("generator_lr", "student_lr"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0): raise ConfigError(f"{name} must be a finite number > 0, got {v}")
-        for name in ("semantic_weight", "diversity_weight"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0): raise ConfigError(f"{name} must be a finite number >= 0, got {v}")
-        if self.distill_target not in DISTILL_TARGETS:
-            raise ConfigError(f"distill_target must be one of {', '.join(DISTILL_TARGETS)}; got {self.distill_target!r}")
+
 
 # %% ../../nbs/19_fedtad.ipynb #b1ee4a76
 def topology_embedding(x: Tensor, edge_index: Tensor, walk_length: int = 5) -> Tensor:

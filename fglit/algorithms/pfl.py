@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import networkx as nx
 import numpy as np
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from .fedavg import FedAvgClient, FedProxClient
 from .personalisation import GraphPFLConfig, PersonalisedServer, cosine_matrix, parameter_mask, parameter_views
 from ..federation import ConfigError, FedConfig, Message, Server, flat_state, register_algorithm, weighted_mean
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['GCFL_DATASET_DEFAULTS', 'GCFL', 'GCFL_PLUS', 'FEDAMP', 'PFEDGRAPH', 'gcfl_defaults', 'GCFLConfig', 'update_norms',
@@ -38,17 +40,12 @@ def gcfl_defaults(dataset: str, partition: str) -> dict:
 @dataclass
 class GCFLConfig(GraphPFLConfig):
     "GCFL (Xie et al., NeurIPS 2021): split thresholds, the authors' command-line defaults."
-    eps1: float = 0.05                # split only if || weighted mean update || < eps1 ...
-    eps2: float = 0.1                 # ... and max_i || update_i || > eps2
-    warmup_rounds: int = 20           # no split in rounds 1..warmup_rounds
-    min_split_size: int = 3           # only clusters with at least this many clients split
+    eps1: float = setting(0.05, ge=0.0)   # split only if || weighted mean update || < eps1 ...
+    eps2: float = setting(0.1, ge=0.0)   # ... and max_i || update_i || > eps2
+    warmup_rounds: int = setting(20, ge=0)   # no split in rounds 1..warmup_rounds
+    min_split_size: int = setting(3, ge=2)   # only clusters with at least this many clients split
     evaluation: str = "global"        # each client's cluster model
 
-    def validate(self) -> None:
-        super().validate()
-        if self.eps1 < 0 or self.eps2 < 0: raise ConfigError("eps1 and eps2 must be >= 0")
-        if self.warmup_rounds < 0: raise ConfigError(f"warmup_rounds must be >= 0, got {self.warmup_rounds}")
-        if self.min_split_size < 2: raise ConfigError(f"min_split_size must be >= 2, got {self.min_split_size}")
 
 def update_norms(updates: Tensor, weights: Tensor) -> tuple[float, float]:
     "(norm of the `weights`-weighted mean of the rows of `updates`, largest row norm)."
@@ -136,12 +133,9 @@ GCFL = register_algorithm("gcfl", GCFLClient, GCFLServer, GCFLConfig, sums_only=
 @dataclass
 class GCFLPlusConfig(GCFLConfig):
     "GCFL+ (Xie et al., NeurIPS 2021): GCFL's thresholds plus the update-norm sequence length."
-    seq_length: int = 5
+    seq_length: int = setting(5, ge=1)
     standardize: bool = False
 
-    def validate(self) -> None:
-        super().validate()
-        if self.seq_length < 1: raise ConfigError(f"seq_length must be >= 1, got {self.seq_length}")
 
 def dtw_distances(seqs: Tensor) -> Tensor:
     "Pairwise DTW distances between the rows of `seqs` (`[n, T]`): sqrt of the least sum of squared differences along a monotone alignment (`[n, n]`)."
@@ -189,13 +183,13 @@ GCFL_PLUS = register_algorithm("gcfl+", GCFLClient, GCFLPlusServer, GCFLPlusConf
 @dataclass
 class FedAMPConfig(GraphPFLConfig):
     "FedAMP (Huang et al., AAAI 2021)."
-    lam: float = 1.0                  # proximal weight: local loss + lam/2 ||w - u_i||^2
-    sigma: float = 1.0                # A(x) = 1 - exp(-x / sigma) on squared distances (chosen: see the text)
-    alpha_k: float | None = None      # attention step; None: sigma / K
-    attention: str = "distance"       # distance: the paper's FedAMP | cosine: HeurFedAMP
-    self_weight: float = 0.3          # HeurFedAMP's xi_ii
+    lam: float = setting(1.0, ge=0.0)   # proximal weight: local loss + lam/2 ||w - u_i||^2
+    sigma: float = setting(1.0, gt=0.0)   # A(x) = 1 - exp(-x / sigma) on squared distances (chosen: see the text)
+    alpha_k: float | None = setting(None, gt=0.0)   # attention step; None: sigma / K
+    attention: Literal["distance", "cosine"] = "distance"   # distance: the paper's FedAMP | cosine: HeurFedAMP
+    self_weight: float = setting(0.3, ge=0.0, le=1.0)   # HeurFedAMP's xi_ii
     cos_scale: float = 10.0           # HeurFedAMP's scale of the cosine before the softmax
-    start: str = "cloud"              # local training starts from u_i (cloud) or the client's own w_i (local)
+    start: Literal["cloud", "local"] = "cloud"   # local training starts from u_i (cloud) or the client's own w_i (local)
     evaluation: str = "local"         # the personalised models w_i
 
     @property
@@ -203,15 +197,6 @@ class FedAMPConfig(GraphPFLConfig):
         "The proximal weight under FedProx's name (`FedProxClient` reads `mu`)."
         return self.lam
 
-    def validate(self) -> None:
-        super().validate()
-        if self.lam < 0: raise ConfigError(f"lam must be >= 0, got {self.lam}")
-        if self.sigma <= 0: raise ConfigError(f"sigma must be > 0, got {self.sigma}")
-        if self.alpha_k is not None and self.alpha_k <= 0: raise ConfigError(f"alpha_k must be > 0 or None, got {self.alpha_k}")
-        if not 0 <= self.self_weight <= 1: raise ConfigError(f"self_weight must be in [0, 1], got {self.self_weight}")
-        for name, allowed in (("attention", ("distance", "cosine")), ("start", ("cloud", "local"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
 
 def fedamp_weights(W: Tensor, sigma: float, alpha_k: float) -> Tensor:
     "FedAMP's attention: xi_ij = alpha_k/sigma exp(-||w_i - w_j||^2 / sigma) off the diagonal, xi_ii = 1 - the rest of the row (`[K, K]`, float64)."
@@ -268,17 +253,11 @@ FEDAMP = register_algorithm("fedamp", FedAMPClient, FedAMPServer, FedAMPConfig, 
 @dataclass
 class PFedGraphConfig(GraphPFLConfig):
     "pFedGraph (Ye et al., ICML 2023): the authors' defaults."
-    graph_alpha: float = 0.8          # weight of ||a_i - p||^2 (the paper's alpha; renamed: partitions take `alpha`)
-    lam: float = 0.01                 # weight of the cosine-similarity regulariser
-    similarity: str = "cumulative"    # cosine of the changes since the initial model (cumulative) or of this round's updates (update)
+    graph_alpha: float = setting(0.8, gt=0.0)   # weight of ||a_i - p||^2 (the paper's alpha; renamed: partitions take `alpha`)
+    lam: float = setting(0.01, ge=0.0)   # weight of the cosine-similarity regulariser
+    similarity: Literal["cumulative", "update"] = "cumulative"   # cosine of the changes since the initial model (cumulative) or of this round's updates (update)
     evaluation: str = "global"        # the aggregated models theta_bar_i
 
-    def validate(self) -> None:
-        super().validate()
-        if self.graph_alpha <= 0: raise ConfigError(f"graph_alpha must be > 0, got {self.graph_alpha}")
-        if self.lam < 0: raise ConfigError(f"lam must be >= 0, got {self.lam}")
-        if self.similarity not in ("cumulative", "update"):
-            raise ConfigError(f"similarity must be one of cumulative, update; got {self.similarity!r}")
 
 def project_simplex(V: Tensor) -> Tensor:
     "Euclidean projection of every row of `V` onto the probability simplex (sort-and-threshold)."

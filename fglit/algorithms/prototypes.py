@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from ..core import get_device
 from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, register_algorithm
 from ..fl.messages import SumSpec
+from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['HETEROGENEOUS_MODELS', 'prototypes_from_sums', 'aggregate_prototypes', 'heterogeneous_spec', 'client_model_spec',
@@ -54,15 +56,10 @@ def client_model_spec(spec: ModelSpec, cid: int, heterogeneous: bool) -> ModelSp
 class FedProtoConfig(FedConfig):
     "FedProto (Tan et al. 2022): local models, prototype exchange."
     evaluation: str = "local"
-    lam: float = 1.0                 # weight of the prototype regulariser
-    inference: str = "head"          # "head": the local classifier; "prototype": nearest global prototype
+    lam: float = setting(1.0, ge=0.0)   # weight of the prototype regulariser
+    inference: Literal["head", "prototype"] = "head"   # "head": the local classifier; "prototype": nearest global prototype
     heterogeneous_models: bool = False   # each client runs one of HETEROGENEOUS_MODELS (FedPG's Table VI setting)
 
-    def validate(self) -> None:
-        super().validate()
-        if self.lam < 0: raise ConfigError(f"lam must be >= 0, got {self.lam}")
-        if self.inference not in ("head", "prototype"):
-            raise ConfigError(f"inference must be one of head, prototype; got {self.inference!r}")
 
 def prototype_loss(emb: Tensor, y: Tensor, protos: Tensor, mask: Tensor) -> Tensor | None:
     "Mean squared error between each embedding and the prototype of its class, over items whose class has one (None if none has)."
@@ -153,20 +150,12 @@ register_algorithm("fedproto", FedProtoClient, FedProtoServer, FedProtoConfig,
 @dataclass
 class FedTGPConfig(FedProtoConfig):
     "FedTGP (Zhang et al. 2024): FedProto's client, trainable global prototypes on the server."
-    server_epochs: int = 100
-    server_lr: float = 0.01
-    server_batch_size: int = 10
-    margin_threshold: float = 100.0       # tau
-    server_hidden: int | None = None      # MLP width; None: the embedding size
+    server_epochs: int = setting(100, ge=0)
+    server_lr: float = setting(0.01, gt=0.0)
+    server_batch_size: int = setting(10, ge=1)
+    margin_threshold: float = setting(100.0, ge=0.0)   # tau
+    server_hidden: int | None = setting(None, ge=1)   # MLP width; None: the embedding size
 
-    def validate(self) -> None:
-        super().validate()
-        if self.server_epochs < 0: raise ConfigError(f"server_epochs must be >= 0, got {self.server_epochs}")
-        if self.server_lr <= 0: raise ConfigError(f"server_lr must be > 0, got {self.server_lr}")
-        if self.server_batch_size < 1: raise ConfigError(f"server_batch_size must be >= 1, got {self.server_batch_size}")
-        if self.margin_threshold < 0: raise ConfigError(f"margin_threshold must be >= 0, got {self.margin_threshold}")
-        if self.server_hidden is not None and self.server_hidden < 1:
-            raise ConfigError(f"server_hidden must be >= 1, got {self.server_hidden}")
 
 class FedTGPClient(FedProtoClient):
     "FedProto's client, uploading its per-class prototypes (means) and their mask instead of sums and counts."
