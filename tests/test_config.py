@@ -103,3 +103,19 @@ def test_every_config_signature_evaluates(cls):
     import inspect
     params = inspect.signature(cls, eval_str=True).parameters
     assert typing.get_origin(params["optimizer"].annotation) is typing.Literal
+
+
+def test_a_config_from_a_module_without_literal_still_converts():
+    "A subclass defined where `Literal` is not imported (a notebook re-registering an algorithm, say): its string annotations still resolve."
+    import types
+    module = types.ModuleType("no_literal_here")
+    sys_modules = __import__("sys").modules
+    sys_modules["no_literal_here"] = module
+    try:
+        exec("from __future__ import annotations\nfrom dataclasses import dataclass\nfrom fglit.fl.config import FedConfig\n"
+             "@dataclass\nclass Mine(FedConfig):\n    mode: Literal['a', 'b'] = 'a'\n", module.__dict__)
+        assert make_config(module.Mine, {"mode": "b", "optimizer": "sgd"}).mode == "b"
+        with pytest.raises(ConfigError, match="mode must be one of a, b"):
+            make_config(module.Mine, {"mode": "c"})
+    finally:
+        del sys_modules["no_literal_here"]

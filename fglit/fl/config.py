@@ -41,7 +41,8 @@ def _declared(cls: type, name: str, key: str):
     return None
 
 def _hints(cls: type) -> dict:
-    return typing.get_type_hints(cls)
+    "Field types of `cls`; `Literal` resolves even for a class whose module does not import it (a notebook's, say)."
+    return typing.get_type_hints(cls, localns={"Literal": Literal})
 
 def literal_choices(cls: type, name: str) -> tuple | None:
     "The values allowed for field `name` when some class of `cls`'s MRO types it as a `Literal` (most specific first), else None."
@@ -144,7 +145,7 @@ def _convert(name: str, value, kind) -> Any:
 
 def make_config(config_cls: type, settings: dict | None = None):
     "Build `config_cls` from `settings`, converting and checking every value."
-    hints = typing.get_type_hints(config_cls)
+    hints = _hints(config_cls)
     names = [f.name for f in dataclasses.fields(config_cls)]
     values = {}
     for key, value in (settings or {}).items():
@@ -174,7 +175,7 @@ def _comments(cls: type) -> dict[str, str]:
 def describe_config(config_cls: type):
     "One row per setting of `config_cls`: name, type, default, allowed values and one-line meaning (declared `help`, else the field's comment)."
     import pandas as pd
-    hints, comments, rows = typing.get_type_hints(config_cls), _comments(config_cls), []
+    hints, comments, rows = _hints(config_cls), _comments(config_cls), []
     for f in dataclasses.fields(config_cls):
         choices, bounds = literal_choices(config_cls, f.name), _declared(config_cls, f.name, "bounds")
         kind = hints[f.name]
