@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
-import pkgutil
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
@@ -164,9 +163,9 @@ def register_reproduction(name: str, grid: Callable, run_one: Callable, out: str
 
 def load_reproductions() -> dict[str, Reproduction]:
     "Import every module of `fglit.papers` (each registers its reproductions) and return the registry."
-    import fglit.papers as package
-    for m in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{m.name}")
+    from fglit.fl.registry import package_modules
+    for module in package_modules("fglit.papers"):
+        importlib.import_module(module)
     return REPRODUCTIONS
 
 def get_reproduction(name: str) -> Reproduction:

@@ -13,6 +13,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -40,8 +41,9 @@ def _declared(cls: type, name: str, key: str):
         if f is not None and key in f.metadata: return f.metadata[key]
     return None
 
+@lru_cache(maxsize=None)
 def _hints(cls: type) -> dict:
-    "Field types of `cls`; `Literal` resolves even for a class whose module does not import it (a notebook's, say)."
+    "Field types of `cls` (read once per class); `Literal` resolves even for a class whose module does not import it (a notebook's, say)."
     return typing.get_type_hints(cls, localns={"Literal": Literal})
 
 def literal_choices(cls: type, name: str) -> tuple | None:
@@ -151,13 +153,8 @@ def make_config(config_cls: type, settings: dict | None = None):
     for key, value in (settings or {}).items():
         if key not in names:
             raise ConfigError(f"unknown setting {key!r} for {config_cls.__name__}; allowed: {', '.join(names)}")
-        choices = literal_choices(config_cls, key)      # a subclass that re-declares a choice field keeps its choices
-        if choices is None:
-            values[key] = _convert(key, value, hints[key])
-        elif value in choices:
-            values[key] = value
-        else:
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        # a choice field (its Literal possibly re-declared as `str` by a subclass) is checked by `check_settings` in validate
+        values[key] = value if literal_choices(config_cls, key) is not None else _convert(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
     return config

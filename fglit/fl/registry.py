@@ -14,7 +14,7 @@ from .config import ConfigError
 
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'ALGORITHM_MODULES', 'Algorithm', 'algorithm_modules', 'register_algorithm', 'load_algorithms',
+__all__ = ['ALGORITHMS', 'ALGORITHM_MODULES', 'Algorithm', 'package_modules', 'register_algorithm', 'load_algorithms',
            'get_algorithm']
 
 # %% ../../nbs/fl/04_registry.ipynb #af99bd75
@@ -36,12 +36,12 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
-def algorithm_modules() -> tuple[str, ...]:
-    "Every module of the `fglit.algorithms` package: importing one registers the algorithms its notebook defines."
-    import fglit.algorithms as package
-    return tuple(f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+def package_modules(package: str) -> tuple[str, ...]:
+    "The public modules of `package` (`fglit.algorithms`, `fglit.papers`): importing one registers what its notebook defines."
+    path = importlib.import_module(package).__path__
+    return tuple(f"{package}.{m.name}" for m in pkgutil.iter_modules(path) if not m.name.startswith("_"))
 
-ALGORITHM_MODULES = algorithm_modules()
+ALGORITHM_MODULES = package_modules("fglit.algorithms")
 
 def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None, sums: Any = None) -> Algorithm:
