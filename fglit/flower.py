@@ -6,557 +6,46 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import torch
-from torch import Tensor
+from .federation import ConfigError
+from .flower_records import (META, RAW_STYPE, array_to_tensor, flower_nbytes, get_message, message_to_record, put_message,
+                                  record_meta, record_to_message, tensor_to_array)
+from .flower_app import (DROPPED_COLUMNS, FlowerRun, FlowerRunError, FlowerRunResult, FlowerTransport, client_app,
+                              make_client_app, make_server_app, node_cid, resolve_config, serve, server_app, wait_for_nodes)
+
+_all_ = ["META", "RAW_STYPE", "array_to_tensor", "flower_nbytes", "get_message", "message_to_record", "put_message", "record_meta",
+         "record_to_message", "tensor_to_array", "DROPPED_COLUMNS", "FlowerRun", "FlowerRunError", "FlowerRunResult",
+         "FlowerTransport", "client_app", "make_client_app", "make_server_app", "node_cid", "resolve_config", "serve", "server_app",
+         "wait_for_nodes"]
 
 # %% auto #0
-__all__ = ['META', 'RAW_STYPE', 'STATE_CLIENT', 'STATE_NODE', 'client_app', 'DROPPED_COLUMNS', 'server_app', 'tensor_to_array',
-           'array_to_tensor', 'put_message', 'get_message', 'message_to_record', 'record_to_message', 'record_meta',
-           'flower_nbytes', 'FlowerRun', 'resolve_config', 'node_cid', 'make_client_app', 'FlowerRunError',
-           'wait_for_nodes', 'FlowerRunResult', 'serve', 'make_server_app', 'run_flower_simulation', 'write_flower_app',
-           'write_flwr_connection', 'free_port', 'LocalFederation']
-
-# %% ../nbs/07_flower.ipynb #d60c7a94
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-
-# %% ../nbs/07_flower.ipynb #6e436704
-from .core import cpu_threads, get_device, reseed_torch, seed_everything
-from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
-                         get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
-
-# %% ../nbs/07_flower.ipynb #6fc824e5
-META = "fglit.meta"
-RAW_STYPE = "fglit.torch"      # an Array holding a torch dtype NumPy cannot represent, as raw bytes
-
-def tensor_to_array(value) -> Array:
-    "A tensor (or NumPy array) as a Flower `Array` with its exact dtype, shape and bytes."
-    t = torch.as_tensor(value).detach().to("cpu").contiguous()
-    try:
-        return Array(t.numpy())
-    except TypeError:                      # no NumPy dtype (bfloat16, float8, ...): raw bytes
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        return Array(dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape), stype=RAW_STYPE, data=raw)
-
-def array_to_tensor(array: Array) -> Tensor:
-    "The tensor a `tensor_to_array` Array holds (on the CPU)."
-    if array.stype == RAW_STYPE:
-        raw = torch.frombuffer(bytearray(array.data), dtype=torch.uint8) if array.data else torch.empty(0, dtype=torch.uint8)
-        return raw.view(getattr(torch, array.dtype)).reshape(tuple(array.shape)).clone()
-    return torch.from_numpy(np.array(array.numpy(), copy=True))
-
-def _check_scalar(key: str, value) -> None:
-    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
-        raise TypeError(f"message field {key!r}: int {value} does not fit in 64 bits")
-
-def put_message(record: RecordDict, message: dict, prefix: str = "fglit") -> RecordDict:
-    "Add an fglit message to `record` as the records `<prefix>.arrays`, `<prefix>.values`, `<prefix>.none` (those it needs)."
-    arrays, values, nones = {}, {}, {}
-    for key in sorted(message):
-        value = message[key]
-        if not isinstance(key, str):
-            raise TypeError(f"message keys must be strings, got {key!r}")
-        if isinstance(value, (Tensor, np.ndarray)):
-            arrays[key] = tensor_to_array(value)
-        elif value is None:
-            nones[key] = True
-        elif isinstance(value, (bool, int, float, str)):
-            _check_scalar(key, value); values[key] = value
-        else:
-            raise TypeError(f"message field {key!r} is a {type(value).__name__}: only tensors, arrays and scalars travel")
-    if arrays: record[f"{prefix}.arrays"] = ArrayRecord(array_dict=arrays)
-    if values: record[f"{prefix}.values"] = ConfigRecord(values)
-    if nones: record[f"{prefix}.none"] = ConfigRecord(nones)
-    return record
-
-def get_message(record: RecordDict, prefix: str = "fglit", device: torch.device | str | None = None) -> dict:
-    "The fglit message `put_message` stored under `prefix` (`{}` if none), its tensors on `device`: by default fglit's device, where the receiving model or server state lives."
-    out = {}
-    device = get_device() if device is None else torch.device(device)
-    if f"{prefix}.arrays" in record: out.update({k: array_to_tensor(a).to(device) for k, a in record[f"{prefix}.arrays"].items()})
-    if f"{prefix}.values" in record: out.update(dict(record[f"{prefix}.values"].items()))
-    if f"{prefix}.none" in record: out.update({k: None for k in record[f"{prefix}.none"]})
-    return out
-
-def message_to_record(message: dict, meta: dict | None = None) -> RecordDict:
-    "An fglit message (and optional `meta` entries, e.g. the round) as a Flower `RecordDict`."
-    record = put_message(RecordDict(), message)
-    if meta: record[META] = ConfigRecord(dict(meta))
-    return record
-
-def record_to_message(record: RecordDict) -> dict:
-    "The fglit message a `message_to_record` RecordDict holds."
-    return get_message(record)
-
-def record_meta(record: RecordDict) -> dict:
-    return dict(record[META].items()) if META in record else {}
-
-def flower_nbytes(message: Message | RecordDict) -> int:
-    "Bytes of a Flower message (or record dict) as Flower serialises it for the wire: the sum of its deflated objects (message, records, arrays, array chunks; identical chunks once)."
-    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
-
-# %% ../nbs/07_flower.ipynb #8c12f00d
-@dataclass
-class FlowerRun:
-    "One seed of one fglit run on Flower: `run`'s arguments, plus how the nodes and the server behave."
-    algorithm: str
-    dataset: str
-    partition: str = "louvain"
-    clients: int = 10
-    seed: int = 0
-    settings: dict = field(default_factory=dict)   # algorithm config and partition settings, as for `run`
-    root: str = ""                # data root on the nodes ("": the node's `data-root`, else FGLIT_DATA)
-    replay: bool = False          # nodes rebuild the in-process simulator's random stream (see above)
-    timeout: float = 600.0        # seconds to wait for the replies of one round
-    wait_nodes: float = 120.0     # seconds to wait for `clients` SuperNodes to connect
-    min_clients: int = 0          # fewest clients the run goes on with after losing some (0: all, any loss stops it)
-    result: str = ""              # a path: the ServerApp pickles the RunResult (or the error that stopped it) there
-    progress: str = ""            # a path: the ServerApp appends one JSON line per finished round
-
-    def to_config(self) -> dict:
-        "As a flat Flower run config (settings as JSON)."
-        d = dataclasses.asdict(self)
-        d["settings"] = json.dumps(self.settings, sort_keys=True)
-        return d
-
-    @classmethod
-    def from_config(cls, config: dict) -> "FlowerRun":
-        names = {f.name for f in dataclasses.fields(cls)}
-        d = {k.replace("-", "_"): v for k, v in dict(config).items() if k.replace("-", "_") in names}
-        if isinstance(d.get("settings"), str): d["settings"] = json.loads(d["settings"] or "{}")
-        for k, t in (("clients", int), ("seed", int), ("replay", bool), ("timeout", float), ("wait_nodes", float),
-                     ("min_clients", int)):
-            if k in d: d[k] = t(d[k])
-        return cls(**d)
-
-def resolve_config(algorithm: str, dataset_name: str, task: str, partition: str, settings: dict) -> tuple:
-    "`(config, partition settings)` exactly as `fglit.federation.run` resolves them for this dataset."
-    from fglit.partition import canonical_method
-    config, part_params = resolve_run_config(algorithm, dataset_name, task, canonical_method(partition), settings)
-    if config.secure_aggregation or config.dp_noise > 0:
-        raise ConfigError("secure aggregation and differential privacy are not available on Flower yet; run them in-process")
-    return config, part_params
-
-# %% ../nbs/07_flower.ipynb #5fb39b01
-_PARTITIONS: dict = {}       # per process: (dataset, method, k, seed, settings, root) -> (dataset, Partition)
-_LIVE: dict = {}             # per process: (run id, node id) -> (version, fglit client)
-STATE_CLIENT, STATE_NODE = "fglit.client", "fglit.node"
-
-def _node_partition(run: FlowerRun, part_params: dict, root: str | None):
-    from fglit.data import load_dataset
-    from fglit.partition import canonical_method, partition as make_partition
-    key = (run.dataset, canonical_method(run.partition), run.clients, run.seed, json.dumps(part_params, sort_keys=True), root)
-    if key not in _PARTITIONS:
-        ds = load_dataset(run.dataset, root or None)
-        try:
-            part = make_partition(ds, run.partition, run.clients, seed=run.seed, **part_params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(str(err).splitlines()[0]) from None
-        _PARTITIONS.clear()           # one partition per process at a time
-        _PARTITIONS[key] = (ds, part)
-    return _PARTITIONS[key]
-
-def node_cid(context: Context) -> int:
-    "The fglit client id of this SuperNode: its node config's `cid`, else `partition-id` (Flower's convention)."
-    nc = context.node_config
-    for key in ("cid", "partition-id"):
-        if key in nc: return int(nc[key])
-    raise ConfigError("this SuperNode has no client id: start it with --node-config 'partition-id=<cid>'")
-
-def _node_root(context: Context, run: FlowerRun) -> str | None:
-    return str(context.node_config.get("data-root", "")) or run.root or None
-
-def _save_client(context: Context, client, version: int) -> None:
-    buf = io.BytesIO()
-    torch.save(client, buf)
-    context.state[STATE_CLIENT] = ArrayRecord(array_dict={"pickle": Array(np.frombuffer(buf.getvalue(), dtype=np.uint8))})
-    context.state[STATE_NODE] = ConfigRecord({"version": version})
-    _LIVE[(context.run_id, context.node_id)] = (version, client)
-
-def _load_client(context: Context):
-    "This node's fglit client and its state version (the live object when it is the latest, else unpickled)."
-    if STATE_NODE not in context.state:
-        raise RuntimeError("this SuperNode received a round before its setup message (was it restarted mid-run?)")
-    version = int(context.state[STATE_NODE]["version"])
-    live = _LIVE.get((context.run_id, context.node_id))
-    if live is not None and live[0] == version:
-        return live[1], version
-    data = context.state[STATE_CLIENT]["pickle"].numpy().tobytes()
-    client = torch.load(io.BytesIO(data), weights_only=False)
-    return client, version
-
-def _reply(message: Message, content: RecordDict) -> Message:
-    return Message(content, reply_to=message)
-
-def _run_of(message: Message) -> FlowerRun:
-    return FlowerRun.from_config(dict(message.content["fglit.run"].items()))
-
-# %% ../nbs/07_flower.ipynb #2a41e26c
-def _scores(client, evaluation: dict | None) -> RecordDict:
-    "This client's `classification_scores` (with `auc`, as `Client.evaluate` gives them) on val and test under `evaluation` (None: its own model)."
-    out = RecordDict()
-    with torch.no_grad():
-        for split, s in client.evaluate(client.evaluation_model(evaluation), client.spec.num_classes).items():
-            out[f"fglit.scores.{split}"] = MetricRecord(s)
-    return out
-
-def _setup(message: Message, context: Context) -> Message:
-    run = _run_of(message)
-    meta = record_meta(message.content)
-    cid = node_cid(context)
-    if not 0 <= cid < run.clients:
-        raise ConfigError(f"node client id {cid} is outside 0..{run.clients - 1}")
-    algo = get_algorithm(run.algorithm)
-    config, part_params = resolve_config(run.algorithm, meta["dataset"], meta["task"], run.partition, run.settings)
-    ds, part = _node_partition(run, part_params, _node_root(context, run))
-    if ds.name != meta["dataset"]:
-        raise ConfigError(f"the server runs {meta['dataset']}, this node loaded {ds.name}")
-    spec = ModelSpec(config.model, ds.num_features, ds.num_classes, ds.task, config.hidden, config.layers, config.dropout)
-    local = lambda c: LocalData(c, ds.task, config.batch_size, graphless_knn=config.graphless_knn, fold=config.fold)
-    with cpu_threads():
-        if run.replay:                # the in-process simulator's start, up to this client
-            seed_everything(run.seed)
-            data = [local(c) for c in part.clients]
-            specs = [client_spec(spec, config, d.graphless) for d in data]
-            infos = [ClientInfo(i, d.num_train, sum(d.counts.values()), None if s == spec else s, d.graphless)
-                     for i, (d, s) in enumerate(zip(data, specs))]
-            algo.server(config, infos, spec)
-            for i in range(cid): algo.client(i, data[i], config, specs[i])
-            mine = data[cid]
-        else:
-            reseed_torch(round_seed(run.seed, 0, cid))
-            mine = local(part.clients[cid])
-        client = algo.client(cid, mine, config, client_spec(spec, config, mine.graphless))
-    _save_client(context, client, 0)
-    return _reply(message, RecordDict({META: ConfigRecord(dict(
-        cid=cid, dataset=ds.name, task=ds.task, num_features=ds.num_features, num_classes=ds.num_classes,
-        num_train=mine.num_train, num_items=sum(mine.counts.values()), graphless=bool(mine.graphless)))}))
-
-def _train(message: Message, context: Context) -> Message:
-    client, version = _load_client(context)
-    meta = record_meta(message.content)
-    rnd, seed = int(meta["round"]), int(meta["seed"])
-    with cpu_threads():
-        out = _scores(client, get_message(message.content, "fglit.eval") if meta["eval_global"] else None) \
-            if meta["eval_round"] else RecordDict()
-        reseed_torch(round_seed(seed, rnd, client.cid))
-        reply = client.local_step(get_message(message.content), rnd)
-    _save_client(context, client, version + 1)
-    return _reply(message, put_message(out, reply))
-
-def _evaluate(message: Message, context: Context) -> Message:
-    client, _ = _load_client(context)
-    meta = record_meta(message.content)
-    with cpu_threads():
-        return _reply(message, _scores(client, get_message(message.content, "fglit.eval") if meta["eval_global"] else None))
-
-def make_client_app() -> ClientApp:
-    "The ClientApp every fglit SuperNode runs (any algorithm: the run's description arrives with the setup message)."
-    app = ClientApp()
-    app.query("setup")(_setup)
-    app.train()(_train)
-    app.evaluate()(_evaluate)
-    return app
-
-client_app = make_client_app()
-
-# %% ../nbs/07_flower.ipynb #4e24a586
-class FlowerRunError(RuntimeError):
-    "A Flower run could not go on: a SuperNode missing, failing or not answering."
-
-def wait_for_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
-    "The ids of the SuperNodes connected to the SuperLink once there are at least `n` (waits up to `timeout` seconds)."
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= n: return nodes
-        if time.monotonic() > deadline:
-            raise FlowerRunError(f"only {len(nodes)} of {n} SuperNodes connected within {timeout:.0f}s")
-        time.sleep(0.5)
-
-def _error_name(code: int) -> str:
-    from flwr.common.constant import ErrorCode
-    return next((k for k, v in vars(ErrorCode).items() if v == code and k.isupper()), str(code))
-
-def _why(error) -> str:
-    "An error reply in one line: its code's name and the last line of its reason (an exception's message)."
-    lines = (error.reason or "").strip().splitlines()
-    return f"{_error_name(error.code)}: {lines[-1][:200]}" if lines else _error_name(error.code)
-
-def _exchange(grid: Grid, messages: dict, timeout: float, poll: float = 0.2) -> tuple[dict, dict]:
-    "Push `messages` (`{key: Message}`), pull the replies: `(replies, lost)`, `lost` = `{key: why}` for error replies and those missing after `timeout` s."
-    ids = dict(zip(grid.push_messages(list(messages.values())), messages))
-    replies, deadline = {}, time.monotonic() + timeout
-    while len(replies) < len(ids) and time.monotonic() < deadline:
-        for r in grid.pull_messages([i for i, c in ids.items() if c not in replies]):
-            replies[ids[r.metadata.reply_to_message_id]] = r
-        if len(replies) < len(ids): time.sleep(poll)
-    lost = {key: _why(r.error) for key, r in replies.items() if r.has_error()}
-    lost.update({key: f"no reply within {timeout:.0f}s" for key in messages if key not in replies})
-    return {key: r for key, r in replies.items() if key not in lost}, lost
-
-@dataclass
-class _Wire:
-    "Every Flower message of a run: its size as Flower serialises it, beside fglit's count of the fglit messages it carries."
-    rows: list = field(default_factory=list)
-
-    def add(self, rnd: int, cid: int, direction: str, message: Message, parts: dict[str, int]) -> None:
-        "`parts`: what the message carries, kind -> fglit's `message_nbytes` of it (`setup`, `train`, `evaluate`)."
-        self.rows.append((rnd, cid, "+".join(parts), direction, flower_nbytes(message), sum(parts.values())))
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["round", "client", "kind", "direction", "flower_bytes", "fglit_bytes"])
-
-# %% ../nbs/07_flower.ipynb #8363a848
-DROPPED_COLUMNS = ["round", "client", "what", "reason"]
-
-@dataclass(repr=False)
-class FlowerRunResult(RunResult):
-    "A `RunResult` from Flower, with `wire`: every Flower message's size beside fglit's count of its content; `dropped`: the clients lost."
-    wire: pd.DataFrame | None = None
-    backend: str = "flower"
-    exchanges: pd.DataFrame | None = None     # one row per exchange: round, what, messages, seconds
-    dropped: pd.DataFrame | None = None       # one row per lost client: round, client, what (the exchange), reason
-
-    def bytes_table(self) -> pd.DataFrame:
-        "Messages and bytes per kind and direction: as Flower serialises them, and fglit's `message_nbytes` of their content."
-        g = self.wire.groupby(["kind", "direction"], sort=False)
-        return g[["flower_bytes", "fglit_bytes"]].sum().assign(messages=g.size()).reset_index()
-
-    def summary(self) -> dict:
-        "`RunResult.summary()` plus `dropped`: the lost clients as records (empty when every client stayed)."
-        dropped = self.dropped if self.dropped is not None else pd.DataFrame(columns=DROPPED_COLUMNS)
-        return {**super().summary(), "dropped": dropped.to_dict(orient="records")}
-
-def _warn(text: str) -> None:
-    "A warning in the ServerApp's log (the console in a simulation, `flwr log` in a deployment)."
-    import logging
-    from flwr.common.logger import log
-    log(logging.WARNING, "fglit: %s", text)
-
-def serve(grid: Grid, run: FlowerRun) -> FlowerRunResult:
-    "Run `run` on the SuperNodes connected to `grid` with fglit's own server class; returns the result `run` would give."
-    from fglit.data import dataset_spec
-    from fglit.partition import canonical_method
-    start = time.perf_counter()
-    algo = get_algorithm(run.algorithm)
-    partition = canonical_method(run.partition)
-    ds_spec = dataset_spec(run.dataset)
-    config, part_params = resolve_config(run.algorithm, ds_spec.name, ds_spec.task, partition, run.settings)
-    if not 0 <= run.min_clients <= run.clients:
-        raise ConfigError(f"min_clients must be in 0..{run.clients} (0: all clients), got {run.min_clients}")
-    need = run.min_clients or run.clients
-    nodes = wait_for_nodes(grid, run.clients, run.wait_nodes)
-    runrec = ConfigRecord(run.to_config())
-    wire, timing, dropped = _Wire(), [], []
-    k = run.clients
-    gone: set[int] = set()               # clients lost so far
-
-    def progress(rnd: int, clients) -> None:
-        if run.progress:
-            with open(run.progress, "a") as f:
-                f.write(json.dumps({"round": rnd, "clients": sorted(clients), "dropped": sorted(gone)}) + "\n")
-
-    def exchange(messages: dict, what: str, rnd: int) -> dict:
-        "The replies of the clients that answered; lost clients are dropped, or the run stops below `min_clients`."
-        if not messages: return {}
-        t0 = time.perf_counter()
-        replies, lost = _exchange(grid, messages, run.timeout)
-        timing.append((rnd, what, len(messages), time.perf_counter() - t0))
-        if lost:
-            gone.update(lost)
-            dropped.extend((rnd, cid, what, why) for cid, why in sorted(lost.items()))
-            names = "; ".join(f"client {cid} ({why})" for cid, why in sorted(lost.items()))
-            left = k - len(gone)
-            if left < need:
-                raise FlowerRunError(f"{what} (round {rnd}): lost {names}; {left} of {k} clients left, "
-                                     f"fewer than min_clients={need}" + (" (0: all clients)" if run.min_clients == 0 else ""))
-            _warn(f"{what} (round {rnd}): lost {names}; continuing with {left} of {k} clients (min_clients={need})")
-        return replies
-
-    # 1. setup: every node loads its client's data and builds its fglit client; the server learns their ClientInfo
-    setup = {i: Message(RecordDict({"fglit.run": runrec, META: ConfigRecord(dict(dataset=ds_spec.name, task=ds_spec.task))}),
-                        dst_node_id=node, message_type="query.setup", group_id="0") for i, node in enumerate(nodes)}
-    t0 = time.perf_counter()
-    by_index, lost = _exchange(grid, setup, run.timeout)
-    timing.append((0, "setup", len(setup), time.perf_counter() - t0))
-    if lost:
-        raise FlowerRunError("setup (round 0): the run needs every client at its start; lost "
-                             + "; ".join(f"SuperNode {nodes[i]} ({why})" for i, why in sorted(lost.items())))
-    node_of, metas = {}, {}
-    for i, reply in by_index.items():
-        meta = record_meta(reply.content)
-        cid = int(meta["cid"])
-        if cid in node_of:
-            raise FlowerRunError(f"SuperNodes {node_of[cid]} and {nodes[i]} both hold client {cid}; give each a distinct partition-id")
-        node_of[cid], metas[cid] = nodes[i], meta
-        wire.add(0, cid, "down", setup[i], {"setup": 0})
-        wire.add(0, cid, "up", reply, {"setup": 0})
-    if sorted(node_of) != list(range(run.clients)):
-        raise FlowerRunError(f"the SuperNodes hold clients {sorted(node_of)}, the run needs exactly 0..{run.clients - 1}")
-    facts = {(m["dataset"], m["task"], int(m["num_features"]), int(m["num_classes"])) for m in metas.values()}
-    if len(facts) != 1:
-        raise FlowerRunError(f"the SuperNodes disagree on the dataset: {sorted(facts)}")
-    ds_name, task, num_features, num_classes = facts.pop()
-    with cpu_threads():
-        seed_everything(run.seed)
-        spec = ModelSpec(config.model, num_features, num_classes, task, config.hidden, config.layers, config.dropout)
-        infos = []
-        for cid in range(run.clients):
-            m = metas[cid]
-            s = client_spec(spec, config, bool(m["graphless"]))
-            infos.append(ClientInfo(cid, int(m["num_train"]), int(m["num_items"]), None if s == spec else s, bool(m["graphless"])))
-        server = algo.server(config, infos, spec)
-    progress(0, node_of)
-    # 2. rounds
-    select_rng = np.random.default_rng(run.seed)
-    per_round = max(1, int(round(config.client_fraction * k)))
-    history, comm = [], []
-    pending: dict | None = None          # the last evaluated round's evaluation messages, not yet delivered: {cid: message or None}
-    pending_round = 0
-    alive = lambda cids: [c for c in cids if c not in gone]
-
-    def score_rows(rnd: int, cid: int, content: RecordDict) -> None:
-        for split in ("val", "test"):
-            s = dict(content[f"fglit.scores.{split}"].items())
-            history.append(dict(round=rnd, client=cid, split=split, n=int(s["n"]), accuracy=s["accuracy"],
-                                f1_macro=s["f1_macro"], f1_macro_present=s["f1_macro_present"], auc=s.get("auc", float("nan"))))
-
-    def eval_part(cid: int) -> tuple[RecordDict, dict]:
-        msg = pending[cid] if pending is not None else None
-        return put_message(RecordDict(), msg or {}, "fglit.eval"), {"eval_round": pending_round if pending is not None else 0,
-                                                                   "eval_global": msg is not None}
-
-    def evaluate_rest(cids: list[int], rnd: int) -> None:
-        "Send `evaluate` messages for the pending round to `cids` (those still there)."
-        messages = {}
-        for cid in alive(cids):
-            rec, flags = eval_part(cid)
-            messages[cid] = Message(RecordDict({**rec, META: ConfigRecord({"round": pending_round, **flags})}),
-                                    dst_node_id=node_of[cid], message_type="evaluate", group_id=str(rnd))
-        replies = exchange(messages, "evaluate", pending_round)
-        for cid in messages:
-            wire.add(pending_round, cid, "down", messages[cid], {"evaluate": message_nbytes(pending[cid] or {})})
-        for cid, reply in replies.items():
-            wire.add(pending_round, cid, "up", reply, {"evaluate": 0})
-            score_rows(pending_round, cid, reply.content)
-
-    for rnd in range(1, config.rounds + 1):
-        drawn = list(range(k)) if per_round == k else sorted(select_rng.choice(k, per_round, replace=False).tolist())
-        selected = alive(drawn)
-        if per_round < k and len(selected) < len(drawn):
-            _warn(f"round {rnd}: {len(drawn) - len(selected)} of the {len(drawn)} selected clients were dropped before")
-        with cpu_threads():
-            down = server.broadcast(rnd, selected) if selected else {}
-        sent = {cid: down.get(cid, {}) for cid in selected}
-        messages = {}
-        for cid in selected:
-            eval_rec, flags = eval_part(cid)
-            messages[cid] = Message(RecordDict({**put_message(RecordDict(), sent[cid]), **eval_rec,
-                                                META: ConfigRecord({"round": rnd, "seed": run.seed, **flags})}),
-                                    dst_node_id=node_of[cid], message_type="train", group_id=str(rnd))
-        if pending is not None and len(selected) < k:
-            evaluate_rest([c for c in range(k) if c not in sent], rnd)
-        replies = exchange(messages, "train", rnd)
-        up = {}
-        for cid in selected:
-            comm.append((rnd, cid, "down", message_nbytes(sent[cid]), message_floats(sent[cid])))
-            down_parts = {"train": message_nbytes(sent[cid])}
-            if pending is not None: down_parts["evaluate"] = message_nbytes(pending[cid] or {})
-            wire.add(rnd, cid, "down", messages[cid], down_parts)
-            if cid not in replies: continue
-            up[cid] = get_message(replies[cid].content)
-            comm.append((rnd, cid, "up", message_nbytes(up[cid]), message_floats(up[cid])))
-            up_parts = {"train": message_nbytes(up[cid])}
-            if pending is not None:
-                up_parts["evaluate"] = 0
-                score_rows(pending_round, cid, replies[cid].content)
-            wire.add(rnd, cid, "up", replies[cid], up_parts)
-        pending = None
-        if up:
-            with cpu_threads():
-                server.aggregate(rnd, up)
-        progress(rnd, up)
-        if rnd % config.eval_every == 0 or rnd == config.rounds:
-            with cpu_threads():
-                pending = {cid: (server.evaluation_message(cid) if config.evaluation == "global" else None) for cid in alive(range(k))}
-            pending_round = rnd
-    if pending is not None:
-        evaluate_rest(list(range(k)), config.rounds)
-    history = pd.DataFrame(history).sort_values(["round", "client", "split"], kind="stable")
-    seed_run = SeedRun(run.seed, history.reset_index(drop=True),
-                       pd.DataFrame(comm, columns=["round", "client", "direction", "bytes", "floats"]),
-                       time.perf_counter() - start, config.weighting, config.selection)
-    return FlowerRunResult(algo.name, ds_name, partition, k, dataclasses.asdict(config), part_params, [seed_run], git_commit(),
-                           wire=wire.frame(), exchanges=pd.DataFrame(timing, columns=["round", "what", "messages", "seconds"]),
-                           dropped=pd.DataFrame(dropped, columns=DROPPED_COLUMNS))
-
-# %% ../nbs/07_flower.ipynb #7d092cd5
-def _write_result(result, path: str) -> None:
-    "Pickle `result` (a `FlowerRunResult`, or the exception that stopped the run) to `path`, atomically."
-    import pickle
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(result))
-        tmp.replace(path)
-
-def make_server_app(run: FlowerRun | None = None, holder: dict | None = None, backend: str = "flower") -> ServerApp:
-    "A ServerApp running `run` (None: the run config of the Flower run); the result (or error) goes to `holder` and `run.result`."
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        spec = run or FlowerRun.from_config(context.run_config)
-        try:
-            result = serve(grid, spec)
-        except Exception as err:
-            error = err if isinstance(err, (FlowerRunError, ConfigError)) else FlowerRunError(f"{type(err).__name__}: {err}")
-            if holder is not None: holder["error"] = error
-            _write_result(error, spec.result)
-            raise
-        result.backend = backend
-        if holder is not None: holder["result"] = result
-        _write_result(result, spec.result)
-
-    return app
-
-server_app = make_server_app()
+__all__ = ['run_flower_simulation', 'write_flower_app', 'write_flwr_connection', 'free_port', 'LocalFederation',
+           'LocalSimulation', 'META', 'RAW_STYPE', 'array_to_tensor', 'flower_nbytes', 'get_message',
+           'message_to_record', 'put_message', 'record_meta', 'record_to_message', 'tensor_to_array', 'DROPPED_COLUMNS',
+           'FlowerRun', 'FlowerRunError', 'FlowerRunResult', 'FlowerTransport', 'client_app', 'make_client_app',
+           'make_server_app', 'node_cid', 'resolve_config', 'serve', 'server_app', 'wait_for_nodes']
 
 # %% ../nbs/07_flower.ipynb #6fb1d7f3
 def run_flower_simulation(algorithm: str, dataset: str, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
                           seed: int = 0, settings: dict | None = None, root: str | None = None, replay: bool = False,
                           num_cpus: int | None = None, client_cpus: float = 1.0, timeout: float = 600.0,
-                          min_clients: int = 0, verbose: bool = False) -> FlowerRunResult:
-    "Run `algorithm` as `fglit.federation.run` would (one seed), through Flower's simulation engine."
-    from flwr.simulation import run_simulation
+                          min_clients: int = 0, verbose: bool = False, workdir=None) -> FlowerRunResult:
+    "Run `algorithm` as `fglit.federation.run` would (one seed), in Flower's simulation engine: `flwr run` on a `LocalSimulation`."
+    import os, tempfile
     settings = dict(settings or {})
     if rounds is not None: settings["rounds"] = rounds
     if not isinstance(dataset, str):
         raise ConfigError("on Flower the dataset is named (each node loads it): pass its name")
-    import os
     spec = FlowerRun(algorithm, dataset, partition, clients, seed, settings, str(root or os.environ.get("FGLIT_DATA", "")),
                      replay, timeout, min_clients=min_clients)
-    holder: dict = {}
-    init = {"include_dashboard": False, "log_to_driver": verbose}
-    if num_cpus: init["num_cpus"] = num_cpus
-    backend = {"client_resources": {"num_cpus": client_cpus, "num_gpus": 0.0}, "init_args": init}
-    run_simulation(make_server_app(spec, holder, "flower-sim"), client_app, num_supernodes=clients,
-                   backend_config=backend, verbose_logging=verbose)
-    if "error" in holder: raise holder["error"]
-    if "result" not in holder:
-        raise FlowerRunError("the Flower simulation ended without a result (see the log above)")
-    return holder["result"]
+    with tempfile.TemporaryDirectory(prefix="fglit-flower-sim-") as tmp:
+        with LocalSimulation(clients, Path(workdir or tmp), num_cpus=num_cpus, client_cpus=client_cpus, verbose=verbose) as sim:
+            result = sim.submit(spec, timeout=timeout)
+    result.backend = "flower-sim"
+    return result
 
 # %% ../nbs/07_flower.ipynb #2e9b196c
 def _toml_value(v) -> str:
@@ -694,6 +183,10 @@ class LocalFederation:
             time.sleep(0.3)
         raise FlowerRunError(f"the SuperLink did not open port {port} within {timeout:.0f}s")
 
+    def federation_config(self) -> list[str]:
+        "`flwr run --federation-config` entries for this federation (none: the SuperNodes are real processes)."
+        return []
+
     def submit(self, run: FlowerRun, timeout: float = 600.0, on_progress=None) -> FlowerRunResult:
         "Run `run` on this federation with `flwr run`; its result, or the error that stopped it raised (waits at most `timeout` s). `on_progress(event)` sees each finished round."
         import pickle, subprocess
@@ -701,7 +194,9 @@ class LocalFederation:
         result, progress = self.workdir / f"result-{stamp}.pkl", self.workdir / f"progress-{stamp}.jsonl"
         run = dataclasses.replace(run, result=str(result), progress=run.progress or str(progress))
         app = write_flower_app(self.workdir / "app", run)
-        out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"], env=self.env, cwd=self.workdir,
+        extra = self.federation_config()
+        out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"]
+                             + (["--federation-config", " ".join(extra)] if extra else []), env=self.env, cwd=self.workdir,
                              capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
             raise FlowerRunError(f"flwr run failed ({out.returncode}): {out.stdout[-2000:]} {out.stderr[-2000:]}")
@@ -735,3 +230,29 @@ class LocalFederation:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+class LocalSimulation(LocalFederation):
+    """A SuperLink in simulation mode on this machine (loopback, insecure), as a process: `submit` runs `flwr run`, and the
+    SuperLink runs the ClientApps of `clients` virtual SuperNodes in Flower's simulation engine (Ray). A context manager."""
+    def __init__(self, clients: int, workdir, host: str = "127.0.0.1", env: dict | None = None, num_cpus: int | None = None,
+                 client_cpus: float = 1.0, verbose: bool = False):
+        super().__init__(clients, workdir, host, env)
+        self.num_cpus, self.client_cpus, self.verbose = num_cpus, client_cpus, verbose
+
+    def federation_config(self) -> list[str]:
+        out = [f"num-supernodes={self.clients}", f"client-resources-num-cpus={float(self.client_cpus)}",
+               "client-resources-num-gpus=0.0", f"init-args-log-to-driver={str(self.verbose).lower()}"]
+        if self.num_cpus: out.append(f"init-args-num-cpus={int(self.num_cpus)}")
+        if self.verbose: out.append("verbose=true")
+        return out
+
+    def __enter__(self) -> "LocalSimulation":
+        try:
+            write_flwr_connection(self.env["FLWR_HOME"], self.address)
+            self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--host", self.host,
+                                                       "--port", str(self.port), "--disable-runtime-dependency-installation"])
+            self._wait_port(self.port, 60)
+        except BaseException:
+            self.close()
+            raise
+        return self

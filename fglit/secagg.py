@@ -31,7 +31,7 @@ from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 __all__ = ['RING_BITS', 'PRIME', 'STEPS', 'SecAggError', 'ThresholdError', 'MessageRejected', 'FixedPointOverflow', 'FixedPoint',
            'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct', 'secagg_plus_degree', 'neighbour_graph',
            'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer', 'SecAggResult', 'make_identities',
-           'secure_sum', 'view_contains', 'sum_spec', 'declared_spec', 'Uplink']
+           'run_protocol', 'client_step', 'secure_sum', 'view_contains']
 
 # %% ../nbs/05_secagg.ipynb #a03ea9d6
 class SecAggError(RuntimeError):
@@ -180,6 +180,21 @@ class SecAggClient:
     "One client's side of one aggregation: its keys, its shares of others' secrets, and its masked input."
     def __init__(self, cid: int, identity: Ed25519PrivateKey, session: str, rnd: int, params: SecAggParams):
         self.cid, self.identity, self.session, self.rnd, self.params = cid, identity, session, rnd, params
+
+    _KEYS = {"identity": Ed25519PrivateKey, "c_sk": X25519PrivateKey, "s_sk": X25519PrivateKey}   # pickled as raw bytes
+
+    def __getstate__(self) -> dict:
+        "Picklable state (a Flower node keeps the client between protocol steps): the private keys as raw bytes."
+        state = dict(self.__dict__)
+        for k in self._KEYS:
+            if k in state: state[k] = state[k].private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                                             serialization.NoEncryption())
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for k, kind in self._KEYS.items():
+            if k in state: state[k] = kind.from_private_bytes(state[k])
+        self.__dict__.update(state)
 
     def _body(self, step: str, **payload) -> Message:
         return _signed({"session": self.session, "round": self.rnd, "step": step, "sender": self.cid, **payload}, self.identity)
@@ -381,36 +396,52 @@ def make_identities(ids) -> dict[int, Ed25519PrivateKey]:
     "Long-term Ed25519 signing keys per client (their public halves are the server's PKI)."
     return {int(c): Ed25519PrivateKey.generate() for c in ids}
 
+def run_protocol(server: SecAggServer, ids: list[int], call: Callable, drop_before=(), drop_after=()) -> SecAggResult:
+    """Drive one aggregation from the server's side. `call(step, {client: server message})` delivers the step's messages
+    wherever the clients are and returns `{client: reply}` of those that answered (a client that does not answer has
+    dropped out). `drop_before`/`drop_after`: clients told nothing more after sharing keys / after their masked input."""
+    start = time.perf_counter()
+    ids = sorted(int(c) for c in ids)
+    up = {c: 0 for c in ids}; down = {c: 0 for c in ids}
+    def exchange(step: str, out: dict, skip=()) -> list[Message]:
+        replies = call(step, {c: m for c, m in out.items() if c not in set(skip)})
+        for c, m in replies.items(): up[c] += message_nbytes(m)
+        return [replies[c] for c in sorted(replies)]
+    def deliver(out: dict) -> dict:
+        for c, m in out.items(): down[c] += message_nbytes(m)
+        return out
+    rosters = deliver(server.advertise(exchange("advertise", {c: {} for c in ids}), ids))
+    forwarded = deliver(server.share(exchange("share", rosters)))
+    survivors = deliver(server.masked_input(exchange("masked_input", forwarded, drop_before)))
+    total = server.unmask(exchange("unmask", survivors, drop_after))
+    return SecAggResult(total, list(server.u3), [c for c in ids if c in set(drop_before)], [c for c in ids if c in set(drop_after)],
+                        server.view, up, down, time.perf_counter() - start, server)
+
+def client_step(client: SecAggClient, step: str, message: Message, x: np.ndarray | None = None) -> Message:
+    "Client `client`'s answer to the server's `message` in `step` (`x`: its ring vector, for `masked_input`)."
+    if step == "advertise": return client.advertise()
+    if step == "share": return client.share_keys(message)
+    if step == "masked_input": return client.masked_input(message, x)
+    if step == "unmask": return client.unmask(message)
+    raise SecAggError(f"unknown secure-aggregation step {step!r}; the steps are {', '.join(STEPS)}")
+
 def secure_sum(vectors: dict[int, np.ndarray], params: SecAggParams = SecAggParams(), drop_before=(), drop_after=(),
                identities: dict[int, Ed25519PrivateKey] | None = None, session: str | None = None, rnd: int = 1,
                rng: np.random.Generator | None = None, intercept: Callable | None = None, encoded: bool = False) -> SecAggResult:
-    "Securely sum `vectors` (`{client: float vector}`, or ring vectors if `encoded`) with the given dropouts."
-    start = time.perf_counter()
+    "Securely sum `vectors` (`{client: float vector}`, or ring vectors if `encoded`) with the given dropouts, every party in this process."
     ids = sorted(int(c) for c in vectors)
     identities = identities or make_identities(ids)
     session = session or uuid.uuid4().hex
-    rng = rng or np.random.default_rng()
     fixed = FixedPoint(params.frac_bits)
     length = len(next(iter(vectors.values())))
     xs = {c: (np.asarray(v, np.uint64) if encoded else fixed.encode(v, len(ids))) for c, v in vectors.items()}
-    server = SecAggServer(session, rnd, length, {c: identities[c].public_key() for c in ids}, params, fixed, rng)
+    server = SecAggServer(session, rnd, length, {c: identities[c].public_key() for c in ids}, params, fixed,
+                          rng or np.random.default_rng())
     clients = {c: SecAggClient(c, identities[c], session, rnd, params) for c in ids}
-    up = {c: 0 for c in ids}; down = {c: 0 for c in ids}
-    def send(step, c, msg):
-        if intercept is not None: msg = intercept(step, msg)
-        up[c] += message_nbytes(msg)
-        return msg
-    def deliver(out):
-        for c, m in out.items(): down[c] += message_nbytes(m)
-        return out
-    rosters = deliver(server.advertise([send("advertise", c, clients[c].advertise()) for c in ids], ids))
-    forwarded = deliver(server.share([send("share", c, clients[c].share_keys(rosters[c])) for c in rosters]))
-    senders = [c for c in forwarded if c not in set(drop_before)]
-    survivors = deliver(server.masked_input([send("masked_input", c, clients[c].masked_input(forwarded[c], xs[c])) for c in senders]))
-    answering = [c for c in survivors if c not in set(drop_after)]
-    total = server.unmask([send("unmask", c, clients[c].unmask(survivors[c])) for c in answering])
-    return SecAggResult(total, list(server.u3), [c for c in ids if c in set(drop_before)], [c for c in ids if c in set(drop_after)],
-                        server.view, up, down, time.perf_counter() - start, server)
+    def call(step: str, messages: dict) -> dict:
+        replies = {c: client_step(clients[c], step, m, xs[c]) for c, m in messages.items()}
+        return {c: intercept(step, r) for c, r in replies.items()} if intercept is not None else replies
+    return run_protocol(server, ids, call, drop_before, drop_after)
 
 # %% ../nbs/05_secagg.ipynb #9d4011a8
 def view_contains(view: list[Message], vector: np.ndarray, fixed: FixedPoint = FixedPoint(), window: int = 8) -> bool:
@@ -421,161 +452,3 @@ def view_contains(view: list[Message], vector: np.ndarray, fixed: FixedPoint = F
     patterns = [v.tobytes(), v.astype(np.float32).tobytes(), enc.tobytes()]
     patterns += [enc[i:i + window].tobytes() for i in range(0, max(len(enc) - window, 0) + 1, window)]
     return any(p in blob for p in patterns if p)
-
-# %% ../nbs/05_secagg.ipynb #b59f3d57
-def sum_spec(algorithm) -> SumSpec:
-    "The algorithm's `SumSpec`; a `ConfigError` naming it if its server needs individual messages."
-    if not algorithm.sums_only:
-        raise ConfigError(f"{algorithm.name} cannot run under secure aggregation: its server needs each client's individual "
-                          f"message, not only their sum (registered with sums_only=False)")
-    return declared_spec(algorithm) or SumSpec()
-
-def declared_spec(algorithm) -> SumSpec | None:
-    "The `SumSpec` declared for `algorithm` (its server's `secure_sums`, else the `sums` it was registered with), or None."
-    return getattr(algorithm.server, "secure_sums", None) or getattr(algorithm, "sums", None)
-
-# %% ../nbs/05_secagg.ipynb #db1dcbfe
-def _numeric_fields(reply: Message) -> dict[str, torch.Tensor]:
-    out = {}
-    for k, v in reply.items():
-        if isinstance(v, (torch.Tensor, np.ndarray)): out[k] = torch.as_tensor(v)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool): out[k] = torch.tensor(float(v), dtype=torch.float64)
-        else: raise SecAggError(f"reply field {k!r} is a {type(v).__name__}: only numbers and tensors can be securely summed")
-    return out
-
-class Uplink:
-    "Differential privacy and secure aggregation between `Client.local_step` and `Server.aggregate` (see above)."
-    def __init__(self, algorithm, config, seed: int, num_clients: int):
-        self.algorithm, self.config, self.seed = algorithm, config, seed
-        self.secure, self.dp = bool(config.secure_aggregation), config.dp_noise > 0 or config.dp_fraction < 1
-        self.spec = sum_spec(algorithm) if self.secure else declared_spec(algorithm) or SumSpec()
-        if self.dp and not algorithm.sums_only and declared_spec(algorithm) is None:
-            raise ConfigError(f"{algorithm.name}: its server needs individual messages (sums_only=False) and no SumSpec says "
-                              "which of its reply fields differential privacy should clip and noise; declare one with "
-                              "register_algorithm(..., sums=SumSpec(...))")
-        self.params = SecAggParams(config.secagg_threshold, config.secagg_neighbours, config.secagg_frac_bits)
-        self.identities = make_identities(range(num_clients)) if self.secure else {}
-        self.session = uuid.uuid4().hex
-        self.accountant = PrivacyAccountant(config.dp_delta) if self.dp else None
-        self.rounds: list[dict] = []
-        self.last: list[SecAggResult] = []
-        self.uploads = self.clipped = 0          # DP: messages privatised, and how many of them the clip shrank
-
-    # -- differential privacy ----------------------------------------------------------------
-    def _privatize(self, rnd: int, cid: int, reply: Message, down: Message, n: int) -> Message:
-        c, spec = self.config, self.spec
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, cid, 0xD9]).generate_state(1)[0]))
-        std = c.dp_noise * c.dp_clip / (math.sqrt(n) if self.secure else 1.0)
-        fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight and k not in spec.public}
-        out = dict(reply)
-        if spec.dp == "update":
-            ref = {k: torch.as_tensor(down[k]).to(v) if k in down and torch.as_tensor(down[k]).shape == v.shape else torch.zeros_like(v)
-                   for k, v in fields.items()}
-            clipped, factor = clip_l2([(fields[k] - ref[k]).double() for k in fields], c.dp_clip)
-            for (k, v), d in zip(fields.items(), clipped):
-                out[k] = (ref[k].double() + gaussian_mechanism(d, std, gen, c.dp_fraction)).to(v.dtype)
-            if spec.weight: out[spec.weight] = 1.0
-        else:
-            names = list(fields) + ([spec.weight] if spec.weight and spec.weight not in spec.public else [])
-            vals = _numeric_fields(reply)
-            clipped, factor = clip_l2([vals[k].double() for k in names], c.dp_clip)
-            for k, d in zip(names, clipped):
-                noisy = gaussian_mechanism(d, std, gen, c.dp_fraction)
-                out[k] = float(noisy) if not isinstance(reply[k], (torch.Tensor, np.ndarray)) else noisy.to(vals[k].dtype)
-        self.uploads += 1; self.clipped += factor < 1
-        return out
-
-    # -- secure aggregation ------------------------------------------------------------------
-    def _flatten(self, reply: Message, layout) -> np.ndarray:
-        spec, fields = self.spec, _numeric_fields(reply)
-        w = float(reply[spec.weight]) if spec.weight else 1.0
-        parts = []
-        for k, shape, _ in layout:
-            if k not in fields or tuple(fields[k].shape) != shape:
-                raise SecAggError(f"reply field {k!r} has another shape than the other clients' ({shape})")
-            v = fields[k].detach().double().cpu().reshape(-1).numpy()
-            parts.append(v * w if k in spec.weighted else v)
-        return np.concatenate(parts) if parts else np.zeros(0)
-
-    def _unflatten(self, total: np.ndarray, layout, template: Message, device) -> Message:
-        spec, out, pos = self.spec, {}, 0
-        for k, shape, dtype in layout:
-            n = int(np.prod(shape)) if shape else 1
-            out[k] = total[pos:pos + n].reshape(shape); pos += n
-        W = float(out[spec.weight]) if spec.weight else 1.0
-        for k in spec.weighted:
-            if k in out:
-                if W == 0: raise SecAggError("the summed weight is 0: the weighted fields cannot be normalised")
-                out[k] = out[k] / W
-        msg = {}
-        for k, shape, dtype in layout:
-            if not isinstance(template[k], (torch.Tensor, np.ndarray)): msg[k] = float(out[k])
-            else: msg[k] = torch.as_tensor(out[k], dtype=spec.dtype or dtype, device=device)
-        return msg
-
-    def _dropouts(self, rnd: int, ids: list[int]) -> tuple[list[int], list[int]]:
-        c = self.config
-        rng = np.random.default_rng([self.seed, rnd, 0x5EC])
-        order = [ids[i] for i in rng.permutation(len(ids))]
-        nb, na = int(round(c.secagg_dropout_before * len(ids))), int(round(c.secagg_dropout * len(ids)))
-        return sorted(order[:nb]), sorted(order[nb:nb + na])
-
-    def deliver(self, rnd: int, down: dict[int, Message], replies: dict[int, Message], server, comm: list) -> dict[int, Message]:
-        "The replies the server aggregates this round, appending this round's upload rows to `comm`."
-        senders = {cid: r for cid, r in replies.items() if r}
-        if self.dp and senders:
-            n = len(senders)
-            senders = {cid: self._privatize(rnd, cid, r, down.get(cid, {}), n) for cid, r in senders.items()}
-        if not self.secure or not senders:
-            for cid, r in replies.items():
-                m = senders.get(cid, r)
-                comm.append((rnd, cid, "up", message_nbytes(m), message_floats(m)))
-            if self.dp and senders: self.accountant.step(self.config.dp_noise, self.config.client_fraction, self.config.dp_fraction)
-            return {**replies, **senders}
-        groups: dict = {}
-        for cid in sorted(senders):
-            groups.setdefault(self.spec.group(server, cid) if self.spec.group else None, []).append(cid)
-        out, results, up, dn = {}, [], {}, {}
-        sent_total = 0
-        for key, cids in groups.items():
-            first = senders[cids[0]]
-            fields = _numeric_fields(first)
-            layout = [(k, tuple(fields[k].shape), fields[k].dtype) for k in sorted(fields)]
-            vectors = {cid: self._flatten(senders[cid], layout) for cid in cids}
-            before, after = self._dropouts(rnd, cids)
-            res = secure_sum(vectors, self.params, before, after, {c: self.identities[c] for c in cids}, self.session, rnd,
-                             np.random.default_rng([self.seed, rnd, 0x6A]))
-            device = next((v.device for v in first.values() if isinstance(v, torch.Tensor)), None)
-            out[min(res.included)] = self._unflatten(res.total, layout, first, device)
-            results.append(res); sent_total += len(res.included)
-            for c in cids: up[c] = res.bytes_up[c]; dn[c] = res.bytes_down[c]
-        for cid, r in replies.items():
-            comm.append((rnd, cid, "up", up.get(cid, 0), message_floats(r) if cid in up else 0))
-            if dn.get(cid): comm.append((rnd, cid, "down", dn[cid], 0))
-        if self.dp:
-            self.accountant.step(self.config.dp_noise * math.sqrt(sent_total / len(senders)), self.config.client_fraction, self.config.dp_fraction)
-        self.last = results
-        self.rounds.append(dict(round=rnd, clients=len(senders), included=sent_total,
-                                dropped_before=sum(len(r.dropped_before) for r in results),
-                                dropped_after=sum(len(r.dropped_after) for r in results),
-                                bytes_up=sum(up.values()), bytes_down=sum(dn.values()), seconds=sum(r.seconds for r in results)))
-        return out
-
-    def report(self) -> dict:
-        "The run's privacy summary: secure-aggregation settings and costs, DP settings and (epsilon, delta)."
-        c, out = self.config, {}
-        if self.secure:
-            out.update(secure_aggregation=True, secagg_threshold=c.secagg_threshold, secagg_neighbours=c.secagg_neighbours,
-                       secagg_frac_bits=c.secagg_frac_bits, secagg_precision=FixedPoint(c.secagg_frac_bits).precision,
-                       secagg_dropout=c.secagg_dropout, secagg_dropout_before=c.secagg_dropout_before,
-                       secagg_rounds=len(self.rounds),
-                       secagg_bytes_up=sum(r["bytes_up"] for r in self.rounds),
-                       secagg_bytes_down=sum(r["bytes_down"] for r in self.rounds),
-                       secagg_seconds=sum(r["seconds"] for r in self.rounds),
-                       secagg_dropped_after=sum(r["dropped_after"] for r in self.rounds),
-                       secagg_dropped_before=sum(r["dropped_before"] for r in self.rounds))
-        if self.dp:
-            out.update(dp_noise=c.dp_noise, dp_clip=c.dp_clip, dp_fraction=c.dp_fraction, dp_mode=self.spec.dp,
-                       dp_placement="distributed" if self.secure else "local", dp_public_fields=list(self.spec.public),
-                       dp_clipped_share=self.clipped / self.uploads if self.uploads else 0.0, **self.accountant.report())
-        return out

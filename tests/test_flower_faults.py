@@ -85,16 +85,16 @@ def test_lost_client_is_dropped_when_min_clients_allows(shared_root):
     assert "NODE_UNAVAILABLE" in result.dropped.reason[0]
     assert result.summary()["dropped"][0]["client"] == 3
     h = result.runs[0].history
-    assert set(h[h["round"] == 1].client) == {0, 1, 2}        # round 1's scores rode on round 2's message, lost for 3
+    assert set(h[h["round"] == 1].client) == {0, 1, 2, 3}     # round 1 was scored before client 3 was lost
     assert set(h[h["round"] == 3].client) == {0, 1, 2}
     assert not any(cid == 3 and rnd >= 2 for cid, _, rnd in grid.received)   # never asked again
     assert 0 < result.scores().accuracy[0] <= 1
-    # round 1 ran with all four: clients 0..2 score round 1 exactly as in-process
+    # round 1 ran with all four: they score round 1 exactly as in-process
     local = run("fedavg", "cora", "louvain", 4, seeds=(0,), settings={"rounds": 3}, root=shared_root, progress=False)
     lh = local.runs[0].history
     key = ["client", "split"]
     a = h[h["round"] == 1].sort_values(key).reset_index(drop=True)
-    b = lh[(lh["round"] == 1) & (lh.client < 3)].sort_values(key).reset_index(drop=True)
+    b = lh[lh["round"] == 1].sort_values(key).reset_index(drop=True)
     assert (a.accuracy - b.accuracy).abs().max() == 0
     # later rounds average 3 clients' models, not 4: not the in-process scores
     b3 = lh[(lh["round"] == 3) & (lh.client < 3)].sort_values(key).reset_index(drop=True)
@@ -173,3 +173,86 @@ def test_opfgl_missing_client_is_reported_or_left_out(shared_root):
     final = result.runs[0].history.query("round == 2 and split == 'test'")
     assert set(final.client) == {0, 1, 2} and final.accuracy.between(0, 1).all()
     assert result.summary()["bytes_up"] > 0
+
+
+# -- privacy on Flower: the round loop's uplink runs between the nodes ------------------------------------------------
+
+@pytest.mark.parametrize("algorithm,settings_", [
+    ("fedavg", {"rounds": 2, "secure_aggregation": True}),
+    ("fedprox", {"rounds": 2, "secure_aggregation": True}),
+    ("scaffold", {"rounds": 2, "secure_aggregation": True}),
+    ("opfgl", {"secure_aggregation": True}),
+    ("fedavg", {"rounds": 2, "secure_aggregation": True, "dp_noise": 0.5, "secagg_dropout": 0.25}),
+    ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0}),      # FedPG's server needs each upload: local DP, no secagg
+])
+def test_privacy_on_flower_matches_in_process(algorithm, settings_, shared_root):
+    """Secure aggregation (the protocol's four steps as `query.uplink` messages between the ServerApp and the nodes) and
+    DP (each node privatises its own reply) through the Flower transport: every client's score equals the in-process run's
+    to 1e-6 (replay=True: the same client initialisation), and fglit counts the same bytes."""
+    grid = FakeGrid(4)
+    result = serve(grid, spec(shared_root, algorithm, settings_, replay=True))
+    local = run(algorithm, "cora", "louvain", 4, seeds=(0,), settings=settings_, root=shared_root, progress=False)
+    key = ["round", "client", "split"]
+    a = result.runs[0].history.sort_values(key).reset_index(drop=True)
+    b = local.runs[0].history.sort_values(key).reset_index(drop=True)
+    assert a[key + ["n"]].equals(b[key + ["n"]])
+    assert (a.accuracy - b.accuracy).abs().max() <= 1e-6
+    fs, ls = result.summary(), local.summary()
+    assert (fs["bytes_up"], fs["bytes_down"]) == (ls["bytes_up"], ls["bytes_down"])
+    if settings_.get("secure_aggregation"):
+        steps = {t for _, t, _ in grid.received if t == "query.uplink"}
+        assert steps and fs["privacy"]["secagg_rounds"] == ls["privacy"]["secagg_rounds"] > 0
+        kinds = set(result.wire.kind)
+        assert {"uplink.advertise", "uplink.share", "uplink.masked_input", "uplink.unmask"} <= kinds
+    if settings_.get("dp_noise"):
+        assert fs["privacy"]["epsilon"] == ls["privacy"]["epsilon"]
+
+
+def test_plain_reply_never_leaves_a_node_under_secure_aggregation(shared_root):
+    """Everything the ServerApp receives from the nodes in a secure run: the train replies hold only the layout and
+    float count of each node's reply, and no received message holds a node's model vector (the in-process uplink's
+    clients, run with the same seed and replay, hold the plain replies to search for)."""
+    from fglit.flower import get_message
+    from fglit.secagg import view_contains
+    grid = FakeGrid(4)
+    seen = []
+    orig_pull = grid.pull_messages
+    def pull(ids):
+        replies = orig_pull(ids)
+        seen.extend(get_message(r.content, device="cpu") for r in replies if not r.has_error())
+        return replies
+    grid.pull_messages = pull
+    serve(grid, spec(shared_root, "fedavg", {"rounds": 1, "secure_aggregation": True}, replay=True))
+    train_replies = [m for m in seen if "layout" in m]
+    assert len(train_replies) == 4 and all(set(m) == {"layout", "floats"} for m in train_replies)
+    plain = []
+    from fglit.uplink import UplinkClient
+    orig_seal = UplinkClient.seal
+    def spy(self, rnd, down, reply):
+        plain.append(reply["params"].double().numpy()); return orig_seal(self, rnd, down, reply)
+    UplinkClient.seal = spy
+    try:
+        run("fedavg", "cora", "louvain", 4, seeds=(0,), settings={"rounds": 1, "secure_aggregation": True}, root=shared_root, progress=False)
+    finally:
+        UplinkClient.seal = orig_seal
+    protocol = [{k: v.numpy() if hasattr(v, "numpy") else v for k, v in m.items()} for m in seen if "layout" not in m and "step" in m]
+    assert len(plain) == 4 and protocol
+    assert not any(view_contains(protocol, vector) for vector in plain)
+
+
+def test_node_lost_during_secure_aggregation_is_a_dropout(shared_root):
+    """A node lost between sharing keys and sending its masked input: the protocol goes on without its vector (the others'
+    shares rebuild its pairwise masks), the run completes above min_clients, and the loss is recorded in that step."""
+    grid = FakeGrid(4)
+    orig = grid.push_messages
+    def push(messages):
+        for m in messages:
+            if m.metadata.message_type == "query.uplink" and grid.nodes[m.metadata.dst_node_id] == 3 \
+                    and m.content["fglit.meta"]["step"] == "masked_input":
+                grid.lose[3] = int(m.metadata.group_id)
+        return orig(messages)
+    grid.push_messages = push
+    result = serve(grid, spec(shared_root, "fedavg", {"rounds": 2, "secure_aggregation": True, "secagg_threshold": 0.5}, min_clients=3))
+    assert result.dropped[["round", "client", "what"]].values.tolist() == [[1, 3, "uplink.masked_input"]]
+    assert set(result.runs[0].history.query("round == 2").client) == {0, 1, 2}
+    assert 0 < result.scores().accuracy[0] <= 1

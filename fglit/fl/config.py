@@ -95,7 +95,7 @@ class FedConfig:
     graphless_knn: int = setting(0, ge=0, help="> 0: graphless clients train on a cosine kNN graph of their features with this k")
     graphless_model: str = setting("", help="a model name: graphless clients run it instead of `model` (mlp: Fed-GNNMLP)")
     fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")
-    # privacy (fglit.secagg, fglit.privacy): applied between local_step and aggregate by `Uplink`
+    # privacy (fglit.uplink, fglit.secagg, fglit.privacy): applied between local_step and aggregate
     secure_aggregation: bool = setting(False, help="uploads through secure aggregation (fglit.secagg)")
     secagg_dropout: float = setting(0.0, ge=0.0, le=1.0, help="share of senders that drop out after sending their masked input")
     secagg_dropout_before: float = setting(0.0, ge=0.0, le=1.0, help="share that drop out after sharing keys, before sending their input")

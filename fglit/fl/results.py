@@ -28,7 +28,7 @@ class SeedRun:
     wall_time_s: float
     weighting: str
     selection: str
-    privacy: dict = field(default_factory=dict)   # secure aggregation and DP report (`fglit.secagg.Uplink.report`), when used
+    privacy: dict = field(default_factory=dict)   # secure aggregation and DP report (`fglit.uplink.Uplink.report`), when used
 
     def per_round(self) -> pd.DataFrame:
         "Client-averaged scores per round: `val_accuracy`, `test_accuracy`, `test_f1_macro`, ..., `test_auc` (over the clients where AUC is defined)."
