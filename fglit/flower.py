@@ -31,7 +31,7 @@ __all__ = ['run_flower_simulation', 'write_flower_app', 'write_flwr_connection',
 # %% ../nbs/07_flower.ipynb #6fb1d7f3
 def run_flower_simulation(algorithm: str, dataset: str, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
                           seed: int = 0, settings: dict | None = None, root: str | None = None, replay: bool = False,
-                          num_cpus: int | None = None, client_cpus: float = 1.0, timeout: float = 600.0,
+                          num_cpus: int | None = None, client_cpus: int = 1, timeout: float = 600.0,
                           min_clients: int = 0, verbose: bool = False, workdir=None) -> FlowerRunResult:
     "Run `algorithm` as `fglit.federation.run` would (one seed), in Flower's simulation engine: `flwr run` on a `LocalSimulation`."
     import os, tempfile
@@ -198,9 +198,10 @@ class LocalFederation:
         out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"]
                              + (["--federation-config", " ".join(extra)] if extra else []), env=self.env, cwd=self.workdir,
                              capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise FlowerRunError(f"flwr run failed ({out.returncode}): {out.stdout[-2000:]} {out.stderr[-2000:]}")
-        self.run_id = json.loads(out.stdout[out.stdout.index("{"):]).get("run-id")
+        answer = json.loads(out.stdout[out.stdout.index("{"):]) if "{" in out.stdout else {}
+        if out.returncode != 0 or not answer.get("success", False):
+            raise FlowerRunError(f"flwr run failed ({out.returncode}): {answer.get('error-message') or out.stdout[-2000:]} {out.stderr[-2000:]}")
+        self.run_id = answer.get("run-id")
         deadline, seen = time.monotonic() + timeout, 0
         while not result.exists():
             if on_progress is not None and Path(run.progress).exists():
@@ -235,12 +236,12 @@ class LocalSimulation(LocalFederation):
     """A SuperLink in simulation mode on this machine (loopback, insecure), as a process: `submit` runs `flwr run`, and the
     SuperLink runs the ClientApps of `clients` virtual SuperNodes in Flower's simulation engine (Ray). A context manager."""
     def __init__(self, clients: int, workdir, host: str = "127.0.0.1", env: dict | None = None, num_cpus: int | None = None,
-                 client_cpus: float = 1.0, verbose: bool = False):
+                 client_cpus: int = 1, verbose: bool = False):
         super().__init__(clients, workdir, host, env)
         self.num_cpus, self.client_cpus, self.verbose = num_cpus, client_cpus, verbose
 
     def federation_config(self) -> list[str]:
-        out = [f"num-supernodes={self.clients}", f"client-resources-num-cpus={float(self.client_cpus)}",
+        out = [f"num-supernodes={self.clients}", f"client-resources-num-cpus={max(1, round(self.client_cpus))}",
                "client-resources-num-gpus=0.0", f"init-args-log-to-driver={str(self.verbose).lower()}"]
         if self.num_cpus: out.append(f"init-args-num-cpus={int(self.num_cpus)}")
         if self.verbose: out.append("verbose=true")

@@ -1,6 +1,6 @@
 """One conformance test for every registered algorithm: it registers with the protocol's parts, its config
 round-trips through `--set`, and a 2-round run on each task it declares gives the summary's keys, counts its bytes
-and repeats bit for bit."""
+and repeats bit for bit; the same run through the Flower transport gives the same scores and bytes."""
 import dataclasses
 import json
 
@@ -66,3 +66,27 @@ def test_two_rounds_summary_bytes_and_rerun(name, task, datasets):
     again = run(name, datasets[task], partition, 3, **kw)
     assert same_run(first.runs[0].history, again.runs[0].history)
     assert first.communication().equals(again.communication())
+
+
+# -- the same 2-round run through the Flower transport ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, task", [(n, t) for n in NAMES for t in tasks_of(ALGORITHMS[n])])
+def test_two_rounds_through_flower_match_in_process(name, task, shared_root):
+    """Every algorithm through `FlowerTransport` (fglit's ClientApp on in-process SuperNodes, `_flower_grid.FakeGrid`) with
+    `replay=True`: the same per-client scores as in process (to 1e-6) and the same bytes, because both are fglit's one
+    round loop with a different transport."""
+    pytest.importorskip("flwr")
+    from fglit.flower import FlowerRun, serve
+    from _flower_grid import FakeGrid
+    dataset, partition, part_settings = TASKS[task]
+    settings = {"rounds": 2, "local_epochs": 1, "hidden": 16, **part_settings, **QUICK.get(name, {})}
+    flower = serve(FakeGrid(3), FlowerRun(name, dataset, partition, 3, 0, settings, root=str(shared_root), replay=True,
+                                          timeout=120.0, wait_nodes=5.0))
+    local = run(name, dataset, partition, 3, seeds=[0], progress=False, settings=settings, root=shared_root)
+    key = ["round", "client", "split"]
+    a = flower.runs[0].history.sort_values(key).reset_index(drop=True)
+    b = local.runs[0].history.sort_values(key).reset_index(drop=True)
+    assert a[key + ["n"]].equals(b[key + ["n"]])
+    assert (a.accuracy - b.accuracy).abs().max() <= 1e-6
+    fs, ls = flower.summary(), local.summary()
+    assert (fs["bytes_up"], fs["bytes_down"]) == (ls["bytes_up"], ls["bytes_down"])

@@ -76,7 +76,7 @@ def test_numpy_arrays_come_back_as_tensors():
 
 def test_received_tensors_land_on_fglits_device(monkeypatch):
     "A message read off the wire goes where the receiving model and server state live (on a GPU run: CUDA, not the CPU)."
-    import fglit.flower as fl
+    import fglit.flower_records as fl
     record = message_to_record({"params": torch.arange(4.0), "weight": 2.0})
     assert get_message(record, device="meta")["params"].device.type == "meta"
     monkeypatch.setattr(fl, "get_device", lambda: torch.device("meta"))      # stands in for a CUDA device on a CPU machine
@@ -209,3 +209,18 @@ def test_cli_backend_flower_sim_matches_inprocess(shared_root):
     assert all(o.returncode == 0 for o in out), out[1].stderr[-2000:]
     local, flower = (json.loads(o.stdout) for o in out)
     assert flower["accuracy_mean"] == local["accuracy_mean"] and flower["bytes_up"] == local["bytes_up"]
+
+
+@pytest.mark.slow
+def test_secure_aggregation_in_flowers_simulation_engine(shared_root):
+    """FedAvg with secure aggregation in Flower's simulation engine (a SuperLink in simulation mode, `flwr run`, Ray
+    workers: the ClientApps in other processes): the protocol's steps travel as Flower messages and every client's score
+    and fglit's byte counts equal the in-process run's."""
+    from fglit.flower import run_flower_simulation
+    settings_ = {"secure_aggregation": True}
+    sim = run_flower_simulation("fedavg", "cora", "louvain", 3, rounds=2, seed=0, settings=settings_, root=str(shared_root),
+                                num_cpus=2, timeout=400)
+    local = run("fedavg", "cora", "louvain", 3, rounds=2, seeds=(0,), settings=settings_, root=shared_root, progress=False)
+    _compare(sim, local, 0.0)
+    assert {"uplink.advertise", "uplink.unmask"} <= set(sim.wire.kind)
+    assert sim.summary()["privacy"]["secagg_rounds"] == local.summary()["privacy"]["secagg_rounds"] == 2
