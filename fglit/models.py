@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import time
-import warnings
-from collections import OrderedDict
 from typing import Callable, Sequence
 
 import torch
@@ -15,27 +13,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import (APPNP as APPNPProp, GATConv, GCN2Conv, GCNConv, GINConv, SAGEConv,
                                 global_add_pool, global_max_pool, global_mean_pool)
-from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from .core import get_device, seed_everything
+from .graph_preprocessing import (ADJACENCY_KINDS, SPARSE_INPUT_DENSITY, CachedEncoder, GraphCache, SparseOperand,
+                                       _check_dim, _graph_tensors, _sparsify, _to_csr, adjacency, knn_graph,
+                                       knn_indices, propagate_hops, spmm)
+
+_all_ = ["ADJACENCY_KINDS", "SPARSE_INPUT_DENSITY", "adjacency", "propagate_hops", "knn_indices", "knn_graph",
+         "SparseOperand", "spmm", "GraphCache", "CachedEncoder"]   # re-exported from `fglit.graph_preprocessing`
 
 # %% auto #0
-__all__ = ['POOLS', 'TASKS', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head',
-           'GraphModel', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
-           'GraphCache', 'CachedEncoder', 'ConvEncoder', 'GCNLayer', 'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE',
-           'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder',
-           'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP',
-           'build_model', 'train_node_classifier']
+__all__ = ['POOLS', 'TASKS', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head', 'GraphModel', 'ConvEncoder', 'GCNLayer',
+           'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP',
+           'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
+           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model', 'train_node_classifier', 'ADJACENCY_KINDS',
+           'SPARSE_INPUT_DENSITY', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
+           'GraphCache', 'CachedEncoder']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
                               "max": global_max_pool}
 TASKS = ("node", "graph")
-
-def _check_dim(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 def _check_dropout(p) -> float:
     if not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
@@ -90,190 +88,6 @@ class GraphModel(nn.Module):
         return self.head(self.encode(x, edge_index, batch, edge_weight))
 
     def extra_repr(self) -> str: return f"task={self.task!r}, pool={self.pool!r}, embedding_dim={self.embedding_dim}"
-
-# %% ../nbs/02_models.ipynb #6ffa6def
-ADJACENCY_KINDS = ("gcn", "mean", "sum")
-
-def _to_csr(t: Tensor) -> Tensor:
-    with warnings.catch_warnings():   # "Sparse CSR tensor support is in beta state"
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
-        return t.to_sparse_csr()
-
-def adjacency(edge_index: Tensor, num_nodes: int, kind: str = "gcn", dtype: torch.dtype = torch.float32,
-              edge_weight: Tensor | None = None) -> Tensor:
-    "Sparse CSR adjacency with rows = targets: `gcn` ($\\tilde D^{-1/2}(A+I)\\tilde D^{-1/2}$, as `GCNConv`), `mean` ($D^{-1}A$) or `sum` ($A$); weighted by `edge_weight` if given."
-    if edge_weight is not None: edge_weight = edge_weight.to(dtype)
-    if kind == "gcn":
-        ei, w = gcn_norm(edge_index, edge_weight, num_nodes, add_self_loops=True, dtype=dtype)
-    elif kind in ("mean", "sum"):
-        ei = edge_index
-        w = torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device) if edge_weight is None else edge_weight
-        if kind == "mean":
-            deg = torch.zeros(num_nodes, dtype=dtype, device=w.device).index_add_(0, ei[1], w)
-            w = w / deg[ei[1]]
-    else:
-        raise ValueError(f"kind must be one of {ADJACENCY_KINDS}, got {kind!r}")
-    adj = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), w, (num_nodes, num_nodes), check_invariants=False)
-    return _to_csr(adj.coalesce())
-
-def propagate_hops(x: Tensor, edge_index: Tensor, K: int, edge_weight: Tensor | None = None) -> list[Tensor]:
-    "`[X, ÂX, Â²X, ..., Â^K X]` with the `gcn` adjacency: K sparse-dense products."
-    adj, hops = adjacency(edge_index, x.size(0), "gcn", x.dtype, edge_weight), [x]
-    for _ in range(K): hops.append(adj @ hops[-1])
-    return hops
-
-def knn_indices(x: Tensor, k: int, block_rows: int | None = None) -> Tensor:
-    "`[N, k]` indices of each row's k most cosine-similar other rows (no self), computed in row blocks of `block_rows` (default: ~64M similarities per block)."
-    n = x.size(0)
-    k = min(k, n - 1)
-    if k < 1: return torch.empty(n, 0, dtype=torch.long, device=x.device)
-    xn = F.normalize(x.float(), dim=1)
-    block_rows = block_rows or max(1, (1 << 26) // max(n, 1))
-    out = []
-    with torch.no_grad():
-        for s in range(0, n, block_rows):
-            sim = xn[s:s + block_rows] @ xn.T
-            rows = torch.arange(s, min(s + block_rows, n), device=x.device)
-            sim[rows - s, rows] = -float("inf")
-            out.append(sim.topk(k, dim=1).indices)
-    return torch.cat(out)
-
-def knn_graph(x: Tensor, k: int, block_rows: int | None = None) -> Tensor:
-    "Symmetric cosine k-nearest-neighbour graph of the rows of `x` as an `edge_index` (each edge both ways, no self loops, no duplicates)."
-    idx = knn_indices(x, k, block_rows)
-    n = x.size(0)
-    src = torch.arange(n, device=x.device).repeat_interleave(idx.size(1))
-    ei = torch.stack([torch.cat([src, idx.reshape(-1)]), torch.cat([idx.reshape(-1), src])])
-    return _unique_edges(ei, n)
-
-def _unique_edges(ei: Tensor, n: int) -> Tensor:
-    key = torch.unique(ei[0] * n + ei[1])
-    return torch.stack([key // n, key % n])
-
-class SparseOperand:
-    "A constant sparse CSR matrix plus the structure of its transpose, so that `spmm` backpropagates without re-sorting."
-    __slots__ = ("matrix", "_t_crow", "_t_col", "_perm", "_t")
-
-    def __init__(self, matrix: Tensor, transpose: tuple[Tensor, Tensor, Tensor] | None = None):
-        if matrix.layout != torch.sparse_csr: raise ValueError(f"SparseOperand needs a sparse CSR matrix, got {matrix.layout}")
-        self.matrix, self._t = matrix, None
-        if transpose is None:                      # CSR of the transpose = entries sorted by (column, row)
-            crow, col = matrix.crow_indices(), matrix.col_indices()
-            n, m = matrix.shape
-            row = torch.repeat_interleave(torch.arange(n, device=col.device, dtype=col.dtype), crow.diff())
-            perm = torch.argsort(col * n + row)
-            t_crow = torch.zeros(m + 1, dtype=crow.dtype, device=crow.device)
-            t_crow[1:] = torch.bincount(col, minlength=m).cumsum(0)
-            transpose = (t_crow, row[perm], perm)
-        self._t_crow, self._t_col, self._perm = transpose
-
-    @property
-    def shape(self) -> torch.Size: return self.matrix.shape
-
-    @property
-    def T(self) -> Tensor:
-        "The transpose as a sparse CSR tensor (built once from the stored structure)."
-        if self._t is None:
-            n, m = self.matrix.shape
-            self._t = torch.sparse_csr_tensor(self._t_crow, self._t_col, self.matrix.values()[self._perm], (m, n),
-                                              check_invariants=False)
-        return self._t
-
-    def with_values(self, values: Tensor) -> "SparseOperand":
-        "Same sparsity pattern, new stored values (dropout): shares the transpose structure."
-        m = self.matrix
-        return SparseOperand(torch.sparse_csr_tensor(m.crow_indices(), m.col_indices(), values, m.shape,
-                                                     check_invariants=False), (self._t_crow, self._t_col, self._perm))
-
-    def __repr__(self): return f"SparseOperand(shape={tuple(self.shape)}, nnz={self.matrix.values().numel()})"
-
-class _SparseTimesDense(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, dense: Tensor, op: SparseOperand) -> Tensor:
-        ctx.op = op
-        return torch.sparse.mm(op.matrix, dense)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return torch.sparse.mm(ctx.op.T, grad), None
-
-def spmm(op: SparseOperand, dense: Tensor) -> Tensor:
-    "`op.matrix @ dense`, differentiable in `dense` (the sparse values are constants); the backward uses the stored transpose."
-    return _SparseTimesDense.apply(dense, op)
-
-class GraphCache:
-    "LRU of parameter-free graph preprocessing, keyed on the identity (pointer, version, shape, stride, dtype, device) of its inputs."
-    def __init__(self, maxsize: int = 32):
-        self.maxsize, self._store, self.hits, self.misses = _check_dim("cache_size", maxsize), OrderedDict(), 0, 0
-
-    @staticmethod
-    def key(tensors: Sequence[Tensor], extra: tuple = ()) -> tuple:
-        ids = tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in tensors)
-        return ids + tuple(extra)
-
-    def get(self, tensors: Sequence[Tensor], compute: Callable[[], object], extra: tuple = ()):
-        "The cached value for `tensors` (and the hashable `extra`), computed without grad and stored on a miss."
-        if any(t.requires_grad for t in tensors): return compute()
-        k = self.key(tensors, extra)
-        if k in self._store:
-            self.hits += 1; self._store.move_to_end(k)
-            return self._store[k][1]
-        self.misses += 1
-        with torch.no_grad(): value = compute()
-        self._store[k] = (tuple(tensors), value)   # keeping the inputs alive keeps their pointers unique
-        while len(self._store) > self.maxsize: self._store.popitem(last=False)
-        return value
-
-    def clear(self) -> None: self._store.clear(); self.hits = self.misses = 0
-    def __len__(self) -> int: return len(self._store)
-    def __deepcopy__(self, memo): return self                    # shared by deep copies of the model
-    def __getstate__(self): return {"maxsize": self.maxsize}     # pickles empty
-    def __setstate__(self, state): self.__init__(state["maxsize"])
-    def __repr__(self): return f"GraphCache(entries={len(self)}, hits={self.hits}, misses={self.misses})"
-
-def _graph_tensors(edge_index: Tensor, edge_weight: Tensor | None) -> tuple[Tensor, ...]:
-    return (edge_index,) if edge_weight is None else (edge_index, edge_weight)
-
-SPARSE_INPUT_DENSITY = 0.1
-
-def _sparsify(x: Tensor) -> Tensor:
-    "`x` as sparse CSR if it lives on the CPU and at most `SPARSE_INPUT_DENSITY` of it is nonzero (GPUs prefer dense)."
-    if x.device.type != "cpu" or torch.count_nonzero(x) > SPARSE_INPUT_DENSITY * x.numel(): return x
-    return _to_csr(x)
-
-class CachedEncoder(nn.Module):
-    "Base for encoders whose graph preprocessing is cached per graph in `self.cache`."
-    sparse_input: bool = True
-
-    def __init__(self, cache_size: int = 32):
-        super().__init__()
-        self.cache = GraphCache(cache_size)
-
-    def input_view(self, x: Tensor) -> Tensor:
-        "`x` as a cached sparse CSR tensor when it is a dense 2-D float matrix with few nonzeros, else `x` itself."
-        if (not self.sparse_input or x.layout != torch.strided or x.dim() != 2 or not x.is_floating_point()
-                or x.requires_grad):
-            return x
-        return self.cache.get((x,), lambda: _sparsify(x), extra=("sparse_input",))
-
-    def adjacency(self, x: Tensor, edge_index: Tensor, kind: str = "gcn", edge_weight: Tensor | None = None) -> Tensor:
-        "The cached CSR adjacency of `edge_index` (weighted by `edge_weight`) over `x.size(0)` nodes."
-        n, dt = x.size(0), x.dtype
-        return self.cache.get(_graph_tensors(edge_index, edge_weight), lambda: adjacency(edge_index, n, kind, dt, edge_weight),
-                              extra=(n, kind, dt))
-
-    def input_operand(self, x: Tensor) -> Tensor | SparseOperand:
-        "`input_view(x)` wrapped as a cached `SparseOperand` when it is sparse, else the dense `x`."
-        v = self.input_view(x)
-        if v.layout != torch.sparse_csr: return v
-        return self.cache.get((x,), lambda: SparseOperand(v), extra=("sparse_operand",))
-
-    def adjacency_operand(self, x: Tensor, edge_index: Tensor, kind: str = "gcn",
-                          edge_weight: Tensor | None = None) -> SparseOperand:
-        "The cached adjacency as a `SparseOperand` (for `spmm`)."
-        n, dt = x.size(0), x.dtype
-        return self.cache.get(_graph_tensors(edge_index, edge_weight),
-                              lambda: SparseOperand(adjacency(edge_index, n, kind, dt, edge_weight)), extra=(n, kind, dt, "operand"))
 
 # %% ../nbs/02_models.ipynb #b56da519
 def _dims(in_dim, hidden, layers):

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fglit"
 MAX_LINES = 600
 # Modules still over MAX_LINES when the limit was set (issue 25): each may only shrink, and leaves this list once
 # it is under the limit. Generated `_modidx.py` is not counted.
-OVERSIZE = {"fglit.partition": 1328, "fglit.models": 623}
+OVERSIZE: dict[str, int] = {}
 
 
 def module_name(path: Path) -> str:
