@@ -63,7 +63,7 @@ reproduce-opfgl: setup
 	$(BIN)/fglit reproduce opfgl --tables 17 18 --jobs 2
 	$(BIN)/fglit reproduce opfgl --tables 11 22 25 --seeds 0 --jobs 2
 	$(BIN)/fglit reproduce opfgl --tables fig3 fig7 fig9 fig8 fig10 --seeds 0 --jobs 2
-	$(BIN)/nbdev_test --flags slow --path nbs/21_opfgl_results.ipynb
+	$(BIN)/nbdev_test --flags slow --path nbs/papers/21_opfgl_results.ipynb
 	$(BIN)/python benchmarks/opfgl_speed.py
 
 # fglit on the partitions the authors' code made (committed under results/<paper>/authors_partitions/; the authors'
@@ -82,7 +82,7 @@ reproduce-fedgls: setup
 
 # GPFL's Table 2 at the issue's minimum, fold 0 x 3 repeats of every method in all 18 settings; it resumes
 # from results/gpfl/runs.csv, so only what is missing runs (nothing since 2026-11-22: all 594 runs are in).
-# All five folds: add --folds 0 1 2 3 4. The figures' full-size calls are in 32_gpfl_analysis.
+# All five folds: add --folds 0 1 2 3 4. The figures' full-size calls are in nbs/papers/32_gpfl_analysis.
 reproduce-gpfl: setup
 	$(BIN)/fglit reproduce gpfl --seeds 0 1 2 --folds 0 --jobs $(JOBS)
 

@@ -82,8 +82,8 @@ def completed(results: pd.DataFrame) -> pd.DataFrame:
     return results[results["error"].isna() | (results["error"] == "")] if "error" in results else results
 
 def results_file(default: str | Path, path: str | Path | None = None) -> Path | None:
-    "`path`, or else the committed results CSV `default` (relative to the repository root) seen from the root or from `nbs/`; None if it is not there."
-    for p in ([Path(path)] if path else [Path(default), Path("..") / default]):
+    "`path`, or else the committed results CSV `default` (relative to the repository root) seen from the root, from `nbs/` or from a folder of it (the reproductions in `nbs/papers/`); None if it is not there."
+    for p in ([Path(path)] if path else [Path(default), Path("..") / default, Path("../..") / default]):
         if p.exists(): return p
     return None
 
@@ -244,7 +244,7 @@ def partition_for(exp: Experiment, seed: int, dataset=None):
     from fglit.partition import load_partition_file
     ds = load_dataset(dataset or exp.dataset) if dataset is None or isinstance(dataset, str) else dataset
     path = exp.partition_file.format(seed=seed)
-    return [load_partition_file(ds, results_file(path) or path, like=exp.partition)]     # from the root or nbs/; a missing file is named
+    return [load_partition_file(ds, results_file(path) or path, like=exp.partition)]     # from the root, nbs/ or nbs/papers/; a missing file is named
 
 AUTHORS_NOTE = "authors' partition"
 

@@ -33,15 +33,17 @@ def test_completed_keeps_only_rows_without_an_error():
     assert completed(no_error_column).equals(no_error_column)
 
 
-def test_results_file_is_found_from_the_root_or_from_nbs(tmp_path, monkeypatch):
+def test_results_file_is_found_from_the_root_nbs_or_nbs_papers(tmp_path, monkeypatch):
     from fglit.reproduction import results_file
-    (tmp_path / "results").mkdir(); (tmp_path / "nbs").mkdir()
+    (tmp_path / "results").mkdir(); (tmp_path / "nbs" / "papers").mkdir(parents=True)
     csv = tmp_path / "results" / "runs.csv"
     csv.write_text("a\n1\n")
     monkeypatch.chdir(tmp_path)
     assert results_file("results/runs.csv") == Path("results/runs.csv")
     monkeypatch.chdir(tmp_path / "nbs")
     assert results_file("results/runs.csv") == Path("..") / "results/runs.csv"
+    monkeypatch.chdir(tmp_path / "nbs" / "papers")                            # the reproduction notebooks' folder
+    assert results_file("results/runs.csv") == Path("../..") / "results/runs.csv"
     assert results_file("results/other.csv") is None
     assert results_file("results/runs.csv", "elsewhere.csv") is None          # an explicit path is not searched for
 

@@ -1,4 +1,4 @@
-"""Tests for GPFL's analysis helpers (`fglit.papers.gpfl_analysis`, from nbs/32_gpfl_analysis.ipynb): cost counts, networks, fits, similarities."""
+"""Tests for GPFL's analysis helpers (`fglit.papers.gpfl_analysis`, from nbs/papers/32_gpfl_analysis.ipynb): cost counts, networks, fits, similarities."""
 import numpy as np
 import pytest
 import torch

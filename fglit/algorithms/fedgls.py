@@ -41,7 +41,7 @@ class FedGLSConfig(FedConfig):
     mlp_lr: float = setting(0.01, gt=0.0)
     learner_lr: float = setting(0.001, gt=0.0)
     temperature: float = setting(0.2, gt=0.0)
-    k: int = setting(10, ge=1)   # neighbours kept per node by the kNN sparsifier (chosen by validation, 41_fedgls_results)
+    k: int = setting(10, ge=1)   # neighbours kept per node by the kNN sparsifier (chosen by validation, papers/41_fedgls_results)
     learner: Literal["attentive", "mlp"] = "attentive"   # attentive | mlp
     learner_layers: int = setting(2, ge=1)
     outputs: Literal["logits", "embeddings"] = "embeddings"   # embeddings: shared head theta_c (chosen by validation) | logits: Z, H are the 2-layer outputs, theta_c = softmax
