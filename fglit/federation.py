@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from .models import build_model
 from .fl.messages import Message, decode_message, encode_message, message_floats, message_nbytes
-from .fl.config import ConfigError, FedConfig, make_config
+from .fl.config import ConfigError, FedConfig, is_setting, make_config, setting_names
 from .fl.local_data import SPLITS, Batch, LocalData, PackedGraphs
 from .fl.protocol import (Client, ClientInfo, ModelSpec, Server, check_setup, class_sums, client_spec, flat_state,
                                load_flat_state, make_optimizer, mlp_spec, weighted_mean)
@@ -39,14 +39,14 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
     "`(config, partition settings)` of a run: unknown settings refused, the algorithm's defaults for the dataset, then `settings`; the model checked. `partition` is a canonical partitioner name."
     algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     settings = dict(settings or {})
-    config_keys = {f.name for f in dataclasses.fields(algo.config)}
+    is_config = lambda k: is_setting(algo.config, k)
     part_keys = set(_partition_keywords(partition))
-    unknown = [k for k in settings if k not in config_keys | part_keys]
+    unknown = [k for k in settings if not is_config(k) and k not in part_keys]
     if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(config_keys))}; "
+        raise ConfigError(f"unknown setting {unknown[0]!r}; {algo.name} accepts {', '.join(sorted(setting_names(algo.config)))}; "
                           f"partition {partition!r} accepts {', '.join(sorted(part_keys)) or 'nothing'}")
-    defaults = {k: v for k, v in algo.defaults_for(dataset_name, partition).items() if k in config_keys}
-    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if k in config_keys}})
+    defaults = {k: v for k, v in algo.defaults_for(dataset_name, partition).items() if is_config(k)}
+    config = make_config(algo.config, {**defaults, **{k: v for k, v in settings.items() if is_config(k)}})
     check_setup(config, task)
     if config.model is None:
         config.model = "gcn" if task == "node" else "gin"
@@ -54,7 +54,7 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
         build_model(config.model, 2, 2, task=task)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return config, {k: v for k, v in settings.items() if k in part_keys and k not in config_keys}
+    return config, {k: v for k, v in settings.items() if k in part_keys and not is_config(k)}
 
 POOLS = ("centralised", "pooled")   # one model on all the clients' nodes, with / without the edges the partition cut
 

@@ -55,7 +55,8 @@ def reply_layout(reply: Message) -> list:
 
 def _privacy_flags(config) -> tuple[bool, bool]:
     "(secure aggregation on, differential privacy on) for `config`."
-    return bool(config.secure_aggregation), config.dp_noise > 0 or config.dp_fraction < 1
+    p = config.privacy
+    return bool(p.secure_aggregation), p.dp_noise > 0 or p.dp_fraction < 1
 
 # %% ../nbs/05a_uplink.ipynb #cd854529
 class UplinkClient:
@@ -64,7 +65,7 @@ class UplinkClient:
         self.cid, self.config, self.seed = cid, config, seed
         self.secure, self.dp = _privacy_flags(config)
         self.spec = declared_spec(algorithm) or SumSpec()
-        self.params = SecAggParams(config.secagg_threshold, config.secagg_neighbours, config.secagg_frac_bits)
+        self.params = SecAggParams(config.privacy.secagg_threshold, config.privacy.secagg_neighbours, config.privacy.secagg_frac_bits)
         self.identity = Ed25519PrivateKey.generate() if self.secure else None
         self.held: tuple | None = None       # (round, download, reply) kept for secure aggregation
         self.session: SecAggClient | None = None
@@ -88,7 +89,7 @@ class UplinkClient:
 
     def privatize(self, rnd: int, reply: Message, down: Message, n: int) -> Message:
         "`reply` clipped and noised as the algorithm's `SumSpec.dp` says; `n`: clients whose noise adds up (distributed DP)."
-        c, spec = self.config, self.spec
+        c, spec = self.config.privacy, self.spec
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, self.cid, 0xD9]).generate_state(1)[0]))
         std = c.dp_noise * c.dp_clip / (math.sqrt(n) if self.secure else 1.0)
         fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight and k not in spec.public}
@@ -156,10 +157,10 @@ class Uplink:
             raise ConfigError(f"{algorithm.name}: its server needs individual messages (sums_only=False) and no SumSpec says "
                               "which of its reply fields differential privacy should clip and noise; declare one with "
                               "register_algorithm(..., sums=SumSpec(...))")
-        self.params = SecAggParams(config.secagg_threshold, config.secagg_neighbours, config.secagg_frac_bits)
+        self.params = SecAggParams(config.privacy.secagg_threshold, config.privacy.secagg_neighbours, config.privacy.secagg_frac_bits)
         self.pki: dict[int, Ed25519PublicKey] = {}
         self.session = uuid.uuid4().hex
-        self.accountant = PrivacyAccountant(config.dp_delta) if self.dp else None
+        self.accountant = PrivacyAccountant(config.privacy.dp_delta) if self.dp else None
         self.rounds: list[dict] = []
         self.last: list[SecAggResult] = []
 
@@ -181,7 +182,7 @@ class Uplink:
                 for k, shape, dtype, is_tensor in layout}
 
     def _dropouts(self, rnd: int, ids: list[int]) -> tuple[list[int], list[int]]:
-        c = self.config
+        c = self.config.privacy
         rng = np.random.default_rng([self.seed, rnd, 0x5EC])
         order = [ids[i] for i in rng.permutation(len(ids))]
         nb, na = int(round(c.secagg_dropout_before * len(ids))), int(round(c.secagg_dropout * len(ids)))
@@ -193,7 +194,7 @@ class Uplink:
         senders = {cid: m for cid, m in sealed.items() if m}
         if not self.secure or not senders:
             for cid, m in sealed.items(): comm.append((rnd, cid, "up", message_nbytes(m), message_floats(m)))
-            if self.dp and senders: self.accountant.step(self.config.dp_noise, self.config.client_fraction, self.config.dp_fraction)
+            if self.dp and senders: self.accountant.step(self.config.privacy.dp_noise, self.config.client_fraction, self.config.privacy.dp_fraction)
             return dict(sealed)
         groups: dict = {}
         for cid in sorted(senders):
@@ -220,7 +221,7 @@ class Uplink:
             if dn.get(cid): comm.append((rnd, cid, "down", dn[cid], 0))
         included = sum(len(r.included) for r in results)
         if self.dp:
-            self.accountant.step(self.config.dp_noise * math.sqrt(included / len(senders)), self.config.client_fraction, self.config.dp_fraction)
+            self.accountant.step(self.config.privacy.dp_noise * math.sqrt(included / len(senders)), self.config.client_fraction, self.config.privacy.dp_fraction)
         self.last = results
         self.rounds.append(dict(round=rnd, clients=len(senders), included=included,
                                 dropped_before=sum(len(r.dropped_before) for r in results),
@@ -231,7 +232,7 @@ class Uplink:
     def report(self, clip_counts: tuple[int, int] | None = None) -> dict:
         """The run's privacy summary: secure-aggregation settings and costs, DP settings and (epsilon, delta).
         `clip_counts`: (uploads, clipped) summed over the clients, where the transport can see them (in process)."""
-        c, out = self.config, {}
+        c, out = self.config.privacy, {}
         if self.secure:
             out.update(secure_aggregation=True, secagg_threshold=c.secagg_threshold, secagg_neighbours=c.secagg_neighbours,
                        secagg_frac_bits=c.secagg_frac_bits, secagg_precision=FixedPoint(c.secagg_frac_bits).precision,

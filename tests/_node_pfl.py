@@ -15,9 +15,9 @@ SCRIPT = Path(sys.executable).parent / "fglit"
 
 
 def cli_run_json(shared_root, algorithm: str, *args: str) -> dict:
-    "The summary printed by `fglit run ALGORITHM ARGS --json` (the algorithm's module must be in ALGORITHM_MODULES)."
+    "The summary printed by `fglit run ALGORITHM ARGS --json` (the algorithm's module is found in the fglit.algorithms package)."
     module = f"fglit.algorithms.{algorithm}"
-    assert module in ALGORITHM_MODULES, f"{module} is not in ALGORITHM_MODULES (the CLI cannot find it)"
+    assert module in ALGORITHM_MODULES, f"{module} is not a module of fglit.algorithms (the CLI cannot find it)"
     assert SCRIPT.is_file(), f"the fglit console script is not installed at {SCRIPT}"
     out = subprocess.run([str(SCRIPT), "run", algorithm, *args, "--json"], capture_output=True, text=True,
                          env={**os.environ, "FGLIT_DATA": str(shared_root)}, timeout=600)

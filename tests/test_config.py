@@ -9,15 +9,18 @@ import pytest
 
 from fglit.cli import main
 from fglit.federation import ALGORITHMS, ConfigError, FedConfig, load_algorithms, make_config
-from fglit.fl.config import check_settings, describe_config, literal_choices
+from fglit.fl.config import PrivacyConfig, check_settings, describe_config, literal_choices
 
 load_algorithms()
 CONFIGS = sorted({a.config for a in ALGORITHMS.values()}, key=lambda c: c.__name__)
 
 
 def float_fields(cls):
+    "The float settings of `cls`, those of its composed configs (privacy) included, by the names `make_config` takes."
     hints = typing.get_type_hints(cls)
-    return [f.name for f in dataclasses.fields(cls) if float in (typing.get_args(hints[f.name]) or (hints[f.name],))]
+    own = [f.name for f in dataclasses.fields(cls) if float in (typing.get_args(hints[f.name]) or (hints[f.name],))]
+    parts = [float_fields(hints[f.name]) for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])]
+    return own + [n for names in parts for n in names]
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
@@ -66,8 +69,10 @@ def test_a_config_built_directly_is_checked_by_validate():
 def test_settings_table_has_every_field(name):
     cls = ALGORITHMS[name].config
     table = describe_config(cls)
-    assert table.setting.tolist() == [f.name for f in dataclasses.fields(cls)]
-    shared = table[table.setting.isin([f.name for f in dataclasses.fields(FedConfig)])]
+    assert table.setting.tolist() == [f.name for f in dataclasses.fields(cls) if f.name != "privacy"] + \
+        [f.name for f in dataclasses.fields(PrivacyConfig)]
+    assert set(table[table.group == "privacy"].setting) == {f.name for f in dataclasses.fields(PrivacyConfig)}
+    shared = table[table.setting.isin([f.name for f in dataclasses.fields(FedConfig)] + [f.name for f in dataclasses.fields(PrivacyConfig)])]
     assert (shared.meaning != "").all()                        # every shared setting says what it means
     row = table.set_index("setting").loc["client_fraction"]
     assert row.allowed == "> 0 and <= 1" and row.type == "float"
@@ -94,7 +99,7 @@ def test_secure_aggregation_dropout_flag_cannot_be_mistaken_for_model_dropout(sh
                  "--json", "--root", str(shared_root), "--secure-aggregation", "--secagg-dropout", "0.25"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["config"]["secagg_dropout"] == 0.25 and summary["config"]["dropout"] == 0.5
+    assert summary["config"]["privacy"]["secagg_dropout"] == 0.25 and summary["config"]["dropout"] == 0.5
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
@@ -119,3 +124,23 @@ def test_a_config_from_a_module_without_literal_still_converts():
             make_config(module.Mine, {"mode": "c"})
     finally:
         del sys_modules["no_literal_here"]
+
+
+def test_privacy_settings_are_one_composed_config():
+    "Every algorithm's privacy settings live in one `PrivacyConfig`; flat, dotted and mapping forms build the same config."
+    from fglit.federation import make_config
+    for cls in CONFIGS:
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert "privacy" in names and not names & {f.name for f in dataclasses.fields(PrivacyConfig)}
+    cls = ALGORITHMS["fedavg"].config
+    flat = make_config(cls, {"dp_noise": 0.5, "secure_aggregation": True, "lr": 0.1})
+    dotted = make_config(cls, {"privacy.dp_noise": 0.5, "privacy.secure_aggregation": "true", "lr": 0.1})
+    mapping = make_config(cls, {"privacy": {"dp_noise": 0.5, "secure_aggregation": True}, "lr": 0.1})
+    assert flat == dotted == mapping and flat.privacy == PrivacyConfig(secure_aggregation=True, dp_noise=0.5)
+    assert make_config(cls, dataclasses.asdict(flat)) == flat                 # what a result's config holds, read back
+    with pytest.raises(ConfigError, match="unknown setting 'noise' for PrivacyConfig"):
+        make_config(cls, {"privacy.noise": 1.0})
+    with pytest.raises(ConfigError, match="dp_noise must be a finite number"):
+        make_config(cls, {"dp_noise": float("nan")})
+    with pytest.raises(ConfigError, match="secagg_dropout and secagg_dropout_before need secure_aggregation=True"):
+        make_config(cls, {"privacy": {"secagg_dropout": 0.1}})

@@ -282,8 +282,6 @@ def test_cli_run_fedgta(shared_root):
     check_cli_output(out)
 
 
-@pytest.mark.skipif("fglit.algorithms.fedgta" not in ALGORITHM_MODULES,
-                    reason="the console script finds fedgta once fglit.algorithms.fedgta is in federation.ALGORITHM_MODULES")
 def test_console_script_run_fedgta(shared_root):
     assert SCRIPT.is_file(), f"the fglit console script is not installed at {SCRIPT}"
     out = subprocess.run([str(SCRIPT), *CLI_ARGS], capture_output=True, text=True, env={**os.environ, "FGLIT_DATA": str(shared_root)},

@@ -334,7 +334,7 @@ def test_graph_datasets_are_refused_before_training(shared_root):
 
 
 def test_cli_run_fedtad_json(shared_root):
-    assert "fglit.algorithms.fedtad" in ALGORITHM_MODULES, "fglit.algorithms.fedtad is not in ALGORITHM_MODULES (the CLI cannot find it)"
+    assert "fglit.algorithms.fedtad" in ALGORITHM_MODULES, "fglit.algorithms.fedtad is not found in the fglit.algorithms package (the CLI cannot find it)"
     assert SCRIPT.is_file(), f"the fglit console script is not installed at {SCRIPT}"
     out = subprocess.run([str(SCRIPT), "run", "fedtad", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2",
                           "--set", "distill_epochs=1", "hidden=16", "--json", "--quiet"], capture_output=True, text=True,

@@ -108,9 +108,10 @@ def test_fedpg_prototypes_are_clipped_and_noised_counts_released_as_they_are():
     from fglit.algorithms.fedpg import FedPGConfig
     from fglit.federation import get_algorithm
     from fglit.uplink import UplinkClient
+    from fglit.fl.config import PrivacyConfig
     g = torch.Generator().manual_seed(1)
     reply = {"protos": 3 * torch.randn(7, 3, 64, generator=g), "counts": torch.randint(0, 40, (7, 3), generator=g)}
-    up = UplinkClient(0, get_algorithm("fedpg"), FedPGConfig(dp_noise=0.2, dp_clip=4.0), seed=0)
+    up = UplinkClient(0, get_algorithm("fedpg"), FedPGConfig(privacy=PrivacyConfig(dp_noise=0.2, dp_clip=4.0)), seed=0)
     outs = [up.privatize(rnd, reply, {}, n=5) for rnd in range(1, 21)]
     assert all(torch.equal(o["counts"], reply["counts"]) for o in outs)
     mean = torch.stack([o["protos"].double() for o in outs]).mean(0)     # noise averages out to the clipped prototypes

@@ -51,7 +51,7 @@ class FedPGConfig(FedConfig):
     attention_bound: float = setting(5.0, gt=0.0, le=20.0)   # attention scores are attention_bound * tanh(MLP(f(x)))
     server_epochs: int = setting(10, ge=0)
     server_lr: float = setting(0.01, gt=0.0)
-    server_hidden: int | None = None  # GPG width; None: p
+    server_hidden: int | None = setting(None, ge=1)  # GPG width; None: p
     eps: float = setting(0.5, ge=0.0)   # cap of the adaptive margin
     cross_hop_ratio: float = setting(0.3, ge=0.0)   # Delta_s: extra positives drawn from other hops, per query of the hop
     temperature: float = setting(1.0, gt=0.0)   # the contrastive logits are cosines / temperature
@@ -63,11 +63,6 @@ class FedPGConfig(FedConfig):
     align: Literal["euclidean", "cosine"] = "cosine"   # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
     align_eval_mode: bool = True      # L_proto on prototypes of a dropout-free forward (as uploaded); False: the training forward's
     align_level: Literal["prototype", "node"] = "prototype"   # L_proto between prototypes (Eq. 6) or between each centre's context and its class's prototype (node)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.server_hidden is not None and self.server_hidden < 1:
-            raise ConfigError(f"server_hidden must be None or >= 1, got {self.server_hidden}")
 
 # %% ../../nbs/50_fedpg.ipynb #0ea0a17b
 def model_depth(model: nn.Module) -> int:

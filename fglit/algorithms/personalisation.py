@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..federation import ConfigError, FedConfig, Message, Server, flat_state
+from ..fl.config import ConfigError, FedConfig
+from ..fl.messages import Message
+from ..fl.protocol import Server, flat_state
 
 # %% auto #0
 __all__ = ['GraphPFLConfig', 'PersonalisedServer', 'cosine_matrix', 'parameter_mask', 'parameter_views', 'similarity_weights',

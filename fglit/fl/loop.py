@@ -72,7 +72,7 @@ def _progress_enabled(progress: bool | None) -> bool:
 
 def needs_uplink(config: FedConfig) -> bool:
     "Whether a run with `config` puts an uplink (`fglit.uplink`) between its clients and its server."
-    return bool(config.secure_aggregation) or config.dp_noise > 0
+    return config.privacy.uplink
 
 @dataclass
 class ClientFacts:
