@@ -62,7 +62,7 @@ def parse_settings(pairs: list[str] | None) -> dict:
 class _DefaultName(str):
     "A default that a command can tell from the same value typed by the user (`args.partition is DEFAULT_PARTITION`)."
 
-DEFAULT_PARTITION = _DefaultName("louvain")
+DEFAULT_PARTITION = _DefaultName("louvain")      # node tasks; a graph task's default is DEFAULT_PARTITIONS["graph"]
 
 def partitions_from_files(args) -> tuple:
     "`--partition-file FILE [FILE ...]`: the loaded dataset and one partition for every seed, or one per seed; `--partition`, when typed, names the partitioner they stand for."
@@ -126,6 +126,10 @@ def cmd_run(args) -> int:
     from fglit.federation import ConfigError, run
     settings = {**parse_settings(args.set), **privacy_settings(args)}
     try:
+        if getattr(args, "partition", None) is DEFAULT_PARTITION and not getattr(args, "partition_file", None):
+            from fglit.data import dataset_spec
+            from fglit.federation import DEFAULT_PARTITIONS
+            args.partition = _DefaultName(DEFAULT_PARTITIONS[dataset_spec(args.dataset).task])   # the dataset's task decides
         if getattr(args, "backend", "inprocess") == "flower-sim":
             if getattr(args, "partition_file", None):
                 raise UsageError("--partition-file runs in process; the Flower backend builds its partitions on the clients' side")
@@ -451,3 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, UsageError) as err:
         print(f"fglit: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if not _user_facing(err): raise
+        print(f"fglit: error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+        return 2
+
+def _user_facing(err: Exception) -> bool:
+    "Errors a user's settings or environment cause (one line, exit 2), as opposed to bugs (a traceback)."
+    from fglit.fl.config import ConfigError
+    kinds = [ConfigError]
+    if "fglit.secagg" in sys.modules: kinds.append(sys.modules["fglit.secagg"].SecAggError)
+    if "fglit.flower_app" in sys.modules: kinds.append(sys.modules["fglit.flower_app"].FlowerRunError)
+    return isinstance(err, tuple(kinds))

@@ -21,7 +21,7 @@ from .fl.loop import SLOW_ROUND_S, NodeUnion, round_seed, simulate
 
 
 # %% auto #0
-__all__ = ['POOLS', 'resolve_run_config', 'run']
+__all__ = ['POOLS', 'DEFAULT_PARTITIONS', 'resolve_run_config', 'check_seeds', 'run']
 
 # %% ../nbs/03_federation.ipynb #989da5ea
 def _partition_keywords(method: str) -> list[str]:
@@ -79,7 +79,17 @@ def _given_partitions(partition, seeds: list, ds) -> list | None:
         raise ConfigError(f"the partitions have different numbers of clients ({sorted({p.num_clients for p in given})}); one run has one K")
     return given
 
-def run(algorithm: str, dataset, partition="louvain", clients: int = 10, rounds: int | None = None,
+DEFAULT_PARTITIONS = {"node": "louvain", "graph": "dirichlet"}   # the partitioner a run uses when none is named, by task
+
+def check_seeds(seeds) -> list[int]:
+    "`seeds` as a list; a `ConfigError` if it is empty or repeats a seed (a repeated seed would count one run twice)."
+    seeds = list(seeds)
+    if not seeds: raise ConfigError("no seeds: give at least one (each seed is one independent run)")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated: raise ConfigError(f"seeds {seeds} repeat {repeated}: a repeated seed is the same run twice, and would count as two")
+    return seeds
+
+def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
         pool: str | None = None) -> RunResult:
@@ -89,7 +99,8 @@ def run(algorithm: str, dataset, partition="louvain", clients: int = 10, rounds:
     algo = get_algorithm(algorithm)
     commit = git_commit()               # the code the run starts with (asked once per process)
     ds = load_dataset(dataset, root) if isinstance(dataset, str) else dataset
-    seeds = list(seeds)
+    seeds = check_seeds(seeds)
+    if partition is None: partition = DEFAULT_PARTITIONS[ds.task]
     given = _given_partitions(partition, seeds, ds)
     if given is not None:       # a partition brought in: its K; the partitioner it stands for picks the defaults
         clients, partition = given[0].num_clients, given[0].method

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,8 +15,8 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['RDP_ORDERS', 'clip_l2', 'gaussian_mechanism', 'rdp_gaussian', 'classic_epsilon', 'PrivacyAccountant',
-           'noise_for_epsilon']
+__all__ = ['RDP_ORDERS', 'clip_l2', 'os_uniform', 'os_normal', 'gaussian_mechanism', 'rdp_gaussian', 'classic_epsilon',
+           'analytic_gaussian_delta', 'analytic_gaussian_epsilon', 'PrivacyAccountant', 'noise_for_epsilon']
 
 # %% ../nbs/09_privacy.ipynb #8b262d4c
 def clip_l2(vectors: list[Tensor], clip: float) -> tuple[list[Tensor], float]:
@@ -24,12 +26,29 @@ def clip_l2(vectors: list[Tensor], clip: float) -> tuple[list[Tensor], float]:
     factor = 1.0 if norm <= clip else clip / norm
     return [v * factor for v in vectors], factor
 
-def gaussian_mechanism(vector: Tensor, std: float, generator: torch.Generator, fraction: float = 1.0) -> Tensor:
-    "`vector` plus N(0, std^2) noise on every coordinate (or on a random `fraction` of them)."
+def os_uniform(n: int) -> np.ndarray:
+    "`n` uniform numbers in (0, 1) from the operating system's entropy (`os.urandom`, a CSPRNG), 53 random bits each."
+    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+def os_normal(n: int) -> np.ndarray:
+    "`n` standard normal numbers from the operating system's entropy (Box-Muller on `os_uniform`)."
+    m = (n + 1) // 2
+    u1, u2 = os_uniform(m), os_uniform(m)
+    r = np.sqrt(-2.0 * np.log(u1))
+    return np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:n]
+
+def gaussian_mechanism(vector: Tensor, std: float, generator: torch.Generator | None = None, fraction: float = 1.0) -> Tensor:
+    """`vector` plus N(0, std^2) noise on every coordinate (or on a random `fraction` of them). The noise comes from the
+    operating system's entropy; a seeded `generator` gives reproducible noise instead, which is **not private** to anyone
+    who knows the seed (a research option, `dp_seeded_noise`)."""
     v = vector.double()
-    noise = torch.randn(v.shape, generator=generator, dtype=torch.float64) * std
-    if fraction < 1:
-        noise = noise * (torch.rand(v.shape, generator=generator, dtype=torch.float64) < fraction)
+    if generator is None:
+        noise = torch.from_numpy(os_normal(v.numel())).reshape(v.shape) * std
+        if fraction < 1: noise = noise * torch.from_numpy(os_uniform(v.numel()) < fraction).reshape(v.shape)
+    else:
+        noise = torch.randn(v.shape, generator=generator, dtype=torch.float64) * std
+        if fraction < 1: noise = noise * (torch.rand(v.shape, generator=generator, dtype=torch.float64) < fraction)
     return (v + noise.to(v.device)).to(vector.dtype)
 
 # %% ../nbs/09_privacy.ipynb #8a3712f6
@@ -47,35 +66,71 @@ def classic_epsilon(sigmas: list[float], delta: float, orders=RDP_ORDERS) -> flo
     a = np.asarray(orders, dtype=float)
     return float(np.min(rdp + math.log(1 / delta) / (a - 1)))
 
+def analytic_gaussian_delta(sigma: float, epsilon: float) -> float:
+    "delta of one Gaussian mechanism with noise multiplier `sigma` at `epsilon`, exactly (Balle & Wang, ICML 2018, Thm. 8)."
+    from scipy.stats import norm
+    return float(norm.cdf(1 / (2 * sigma) - epsilon * sigma) - math.exp(epsilon) * norm.cdf(-1 / (2 * sigma) - epsilon * sigma))
+
+def analytic_gaussian_epsilon(sigma: float, delta: float, hi: float = 1e3) -> float:
+    "The smallest epsilon at which one Gaussian mechanism with noise multiplier `sigma` is (epsilon, delta)-DP (bisection on the exact delta)."
+    lo = 0.0
+    if analytic_gaussian_delta(sigma, 0.0) <= delta: return 0.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if analytic_gaussian_delta(sigma, mid) > delta else (lo, mid)
+    return hi
+
+def _dp_accounting():
+    import dp_accounting
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.ERROR)    # orders where the subsampled series does not converge are skipped, with a warning each
+    return dp_accounting
+
 @dataclass
 class PrivacyAccountant:
-    "Composes one (possibly subsampled) Gaussian mechanism per release and reports (epsilon, delta)."
+    "Composes one (possibly subsampled) Gaussian mechanism per release and reports (epsilon, delta) from two accountants."
     delta: float = 1e-5
     events: list = field(default_factory=list)     # (noise multiplier, sampling rate, fraction of coordinates noised)
+    neighbouring: str = ""                         # the neighbouring relation the noise multipliers are relative to
+    observer: str = ""                             # who sees the released values (and the sampling)
 
     def step(self, noise_multiplier: float, sampling_rate: float = 1.0, fraction: float = 1.0) -> None:
+        "Record one release: Gaussian noise of `noise_multiplier` times the sensitivity of the relation; `sampling_rate` < 1 only for sampling the observer cannot see."
         self.events.append((float(noise_multiplier), float(sampling_rate), float(fraction)))
 
-    def epsilon(self, delta: float | None = None) -> float:
-        "Epsilon of everything released so far at `delta` (`inf` if some release had no noise or noise on only part of it)."
+    def _composed(self, accountant):
+        "`accountant` with every release composed (identical releases at once, as a count)."
+        dp = _dp_accounting()
+        for (s, q), count in Counter((s, q) for s, q, _ in self.events).items():
+            event = dp.GaussianDpEvent(s)
+            accountant.compose(event if q >= 1 else dp.PoissonSampledDpEvent(q, event), count)
+        return accountant
+
+    def epsilons(self, delta: float | None = None) -> dict[str, float]:
+        "Epsilon at `delta` from dp-accounting's RDP and PLD accountants (`inf` if some release had no noise, or noise on only part of it)."
         delta = self.delta if delta is None else delta
-        if not self.events: return 0.0
-        if any(s <= 0 or f < 1 for s, _, f in self.events): return math.inf
-        import dp_accounting
-        from absl import logging as absl_logging
+        if not self.events: return {"rdp": 0.0, "pld": 0.0}
+        if any(s <= 0 or f < 1 for s, _, f in self.events): return {"rdp": math.inf, "pld": math.inf}
+        from dp_accounting.pld import pld_privacy_accountant as pld
         from dp_accounting.rdp import rdp_privacy_accountant as rdp
-        absl_logging.set_verbosity(absl_logging.ERROR)    # orders where the subsampled series does not converge are skipped, with a warning each
-        acc = rdp.RdpAccountant(list(RDP_ORDERS))
-        for s, q, _ in self.events:
-            event = dp_accounting.GaussianDpEvent(s)
-            acc.compose(event if q >= 1 else dp_accounting.PoissonSampledDpEvent(q, event))
-        return float(acc.get_epsilon(delta))
+        out = {"rdp": float(self._composed(rdp.RdpAccountant(list(RDP_ORDERS))).get_epsilon(delta))}
+        try:
+            out["pld"] = float(self._composed(pld.PLDAccountant(value_discretization_interval=1e-3)).get_epsilon(delta))
+        except (ValueError, OverflowError, MemoryError):    # noise so small the loss distribution cannot be discretised
+            out["pld"] = math.inf                           # (its epsilon is huge anyway): no PLD bound, the RDP one stands
+        return out
+
+    def epsilon(self, delta: float | None = None) -> float:
+        "Epsilon of everything released so far at `delta`: the smaller of the RDP and PLD bounds (each is a valid upper bound)."
+        return min(self.epsilons(delta).values())
 
     def report(self) -> dict:
         sig = [s for s, _, _ in self.events]
-        return dict(epsilon=self.epsilon(), delta=self.delta, releases=len(self.events),
-                    noise_multiplier_min=min(sig) if sig else None,
-                    sampling_rate=max((q for _, q, _ in self.events), default=None))
+        eps = self.epsilons()
+        return dict(epsilon=min(eps.values()), epsilon_rdp=eps["rdp"], epsilon_pld=eps["pld"], delta=self.delta,
+                    releases=len(self.events), noise_multiplier_min=min(sig) if sig else None,
+                    sampling_rate=max((q for _, q, _ in self.events), default=None),
+                    neighbouring=self.neighbouring, observer=self.observer)
 
 # %% ../nbs/09_privacy.ipynb #693b2dba
 def noise_for_epsilon(epsilon: float, delta: float = 1e-5, releases: int = 1, sampling_rate: float = 1.0,

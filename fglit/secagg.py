@@ -28,10 +28,10 @@ from .fl.messages import Message, SumSpec, encode_message, message_floats, messa
 from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 
 # %% auto #0
-__all__ = ['RING_BITS', 'PRIME', 'STEPS', 'SecAggError', 'ThresholdError', 'MessageRejected', 'FixedPointOverflow', 'FixedPoint',
-           'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct', 'secagg_plus_degree', 'neighbour_graph',
-           'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer', 'SecAggResult', 'make_identities',
-           'run_protocol', 'client_step', 'secure_sum', 'view_contains']
+__all__ = ['RING_BITS', 'PRIME', 'STEPS', 'ACTIVE_THRESHOLD', 'SecAggError', 'ThresholdError', 'MessageRejected',
+           'FixedPointOverflow', 'FixedPoint', 'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct',
+           'secagg_plus_degree', 'neighbour_graph', 'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer',
+           'SecAggResult', 'make_identities', 'run_protocol', 'client_step', 'secure_sum', 'view_contains']
 
 # %% ../nbs/05_secagg.ipynb #a03ea9d6
 class SecAggError(RuntimeError):
@@ -144,7 +144,7 @@ def group_threshold(m: int, threshold: float) -> int:
 
 # %% ../nbs/05_secagg.ipynb #3082823c
 _HEADER = ("session", "round", "step", "sender")
-STEPS = ("advertise", "share", "masked_input", "unmask")
+STEPS = ("advertise", "share", "masked_input", "consistency", "unmask")
 
 def _arr(b: bytes) -> np.ndarray:
     return np.frombuffer(b, np.uint8).copy()
@@ -162,6 +162,8 @@ def _share_bytes(v: int) -> np.ndarray:
 def _signed(body: Message, identity: Ed25519PrivateKey) -> Message:
     return {**body, "signature": _arr(identity.sign(encode_message(body)))}
 
+ACTIVE_THRESHOLD = 2 / 3      # the smallest threshold fraction fglit accepts (see "An active server" above)
+
 @dataclass(frozen=True)
 class SecAggParams:
     "Protocol settings: threshold fraction, neighbourhood size (0: all, -1: SecAgg+ default) and fixed-point bits."
@@ -170,7 +172,9 @@ class SecAggParams:
     frac_bits: int = 32
 
     def __post_init__(self):
-        if not 0 < self.threshold < 1: raise ConfigError(f"secagg threshold must be in (0, 1), got {self.threshold}")
+        if not ACTIVE_THRESHOLD <= self.threshold < 1:
+            raise ConfigError(f"secagg threshold must be in [2/3, 1), got {self.threshold}: below 2/3 a server that lies about who "
+                              "sent an input can unmask a client (Bonawitz et al. 2017, active security: 2t > n + corrupt clients)")
         if self.neighbours < -1: raise ConfigError(f"secagg neighbours must be >= -1, got {self.neighbours}")
 
     def degree(self, n: int) -> int:
@@ -178,8 +182,10 @@ class SecAggParams:
 
 class SecAggClient:
     "One client's side of one aggregation: its keys, its shares of others' secrets, and its masked input."
-    def __init__(self, cid: int, identity: Ed25519PrivateKey, session: str, rnd: int, params: SecAggParams):
-        self.cid, self.identity, self.session, self.rnd, self.params = cid, identity, session, rnd, params
+    def __init__(self, cid: int, identity: Ed25519PrivateKey, session: str, rnd: int, params: SecAggParams,
+                 pki: dict[int, Ed25519PublicKey]):
+        "`pki`: every group member's identity (verification) key, from the PKI the protocol assumes, not from the server."
+        self.cid, self.identity, self.session, self.rnd, self.params, self.pki = cid, identity, session, rnd, params, pki
 
     _KEYS = {"identity": Ed25519PrivateKey, "c_sk": X25519PrivateKey, "s_sk": X25519PrivateKey}   # pickled as raw bytes
 
@@ -189,11 +195,13 @@ class SecAggClient:
         for k in self._KEYS:
             if k in state: state[k] = state[k].private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                                              serialization.NoEncryption())
+        state["pki"] = {c: key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) for c, key in self.pki.items()}
         return state
 
     def __setstate__(self, state: dict) -> None:
         for k, kind in self._KEYS.items():
             if k in state: state[k] = kind.from_private_bytes(state[k])
+        state["pki"] = {c: Ed25519PublicKey.from_public_bytes(raw) for c, raw in state["pki"].items()}
         self.__dict__.update(state)
 
     def _body(self, step: str, **payload) -> Message:
@@ -208,9 +216,21 @@ class SecAggClient:
         key = self.c_sk.exchange(X25519PublicKey.from_public_bytes(self.roster[v][0]))
         return AESGCM(derive_key(key, "fglit-secagg channel", self.session, self.rnd, min(self.cid, v), max(self.cid, v)))
 
+    def _verify(self, sender: int, body: Message, signature, what: str) -> None:
+        "Check `signature` on `body` under client `sender`'s identity key; abort (`MessageRejected`) if it fails."
+        try:
+            self.pki[sender].verify(np.asarray(signature, np.uint8).tobytes(), encode_message(body))
+        except (InvalidSignature, KeyError, ValueError, TypeError):
+            raise MessageRejected(f"client {self.cid}: {what} claimed to come from client {sender} does not verify under its key; "
+                                  "aborting (a server or network that tampers)") from None
+
     def share_keys(self, roster: Message) -> Message:
-        "Step 1: share s_SK and b among the group; encrypt each neighbour's shares for it."
+        "Step 1: check each neighbour's signed keys; share s_SK and b among the group; encrypt each neighbour's shares for it."
         self.neighbours = sorted(int(v) for v in roster["neighbours"])
+        for v in self.neighbours:
+            body = {"session": self.session, "round": self.rnd, "step": "advertise", "sender": v,
+                    "c_pk": roster[f"c_pk/{v}"], "s_pk": roster[f"s_pk/{v}"]}
+            self._verify(v, body, roster.get(f"sig/{v}"), "the advertised keys")
         self.roster = {v: (roster[f"c_pk/{v}"].tobytes(), roster[f"s_pk/{v}"].tobytes()) for v in self.neighbours}
         self.group = sorted(self.neighbours + [self.cid])
         self.t = group_threshold(len(self.group), self.params.threshold)
@@ -252,12 +272,28 @@ class SecAggClient:
             y = y + prg_words(seed, len(x)) if self.cid < v else y - prg_words(seed, len(x))
         return self._body("masked_input", y=y.view(np.int64))
 
-    def unmask(self, survivors: Message) -> Message:
-        "Step 3: for each group member, the share of b (it sent its input) or of s_SK (it did not): never both."
-        u3 = set(int(v) for v in survivors["u3"])
-        if not u3 <= self.u2: raise MessageRejected(f"client {self.cid}: the server's list of senders has clients that never shared keys")
-        if len([v for v in self.group if v in u3]) < self.t:
-            raise ThresholdError(f"client {self.cid}: only {len([v for v in self.group if v in u3])} members of its group sent inputs; threshold {self.t}")
+    def _survivors(self) -> Message:
+        return {"session": self.session, "round": self.rnd, "u3": np.array(sorted(self.u3), np.int64)}
+
+    def consistency(self, survivors: Message) -> Message:
+        "Step 3: the server's list U3 of clients that sent inputs, checked and signed (Bonawitz et al.'s ConsistencyCheck)."
+        self.u3 = set(int(v) for v in survivors["u3"])
+        if not self.u3 <= self.u2: raise MessageRejected(f"client {self.cid}: the server's list of senders has clients that never shared keys")
+        if len([v for v in self.group if v in self.u3]) < self.t:
+            raise ThresholdError(f"client {self.cid}: only {len([v for v in self.group if v in self.u3])} members of its group sent inputs; threshold {self.t}")
+        return self._body("consistency", u3_sig=_arr(self.identity.sign(encode_message(self._survivors()))))
+
+    def unmask(self, signatures: Message) -> Message:
+        """Step 4: every forwarded signature must be on the U3 this client was sent, from at least t group members, else
+        abort; then, for each group member, the share of b (it sent its input) or of s_SK (it did not): never both."""
+        u4 = sorted(int(v) for v in signatures["u4"])
+        for v in u4:
+            self._verify(v, self._survivors(), signatures.get(f"sig/{v}"),
+                         "the list of senders (the server told clients different lists: abort)")
+        if len([v for v in self.group if v in u4]) < self.t:
+            raise ThresholdError(f"client {self.cid}: only {len([v for v in self.group if v in u4])} members of its group confirmed "
+                                 f"the list of senders; threshold {self.t}")
+        u3 = self.u3
         out = {}
         for u, (s_share, b_share) in self.held.items():
             if u in u3: out[f"b/{u}"] = _share_bytes(b_share)
@@ -314,7 +350,8 @@ class SecAggServer:
         adv = self.received["advertise"]
         return {u: {"neighbours": np.array(sorted(self.graph[u]), np.int64),
                     **{f"c_pk/{v}": adv[v]["c_pk"] for v in self.graph[u]},
-                    **{f"s_pk/{v}": adv[v]["s_pk"] for v in self.graph[u]}} for u in u1}
+                    **{f"s_pk/{v}": adv[v]["s_pk"] for v in self.graph[u]},
+                    **{f"sig/{v}": adv[v]["signature"] for v in self.graph[u]}} for u in u1}
 
     def share(self, msgs: list[Message]) -> dict[int, Message]:
         "Step 1: accept encrypted shares; forward each to its recipient with the list U2."
@@ -344,10 +381,20 @@ class SecAggServer:
         self._check_threshold(self.u3, "sent masked inputs")
         return {v: {"u3": np.array(self.u3, np.int64)} for v in self.u3}
 
-    def unmask(self, msgs: list[Message]) -> np.ndarray:
-        "Step 3: accept shares; rebuild every b_u (u in U3) and s_SK_v (v dropped before sending); return the sum (float64)."
+    def consistency(self, msgs: list[Message]) -> dict[int, Message]:
+        "Step 3: accept each client's signature on U3; forward all of them, with the list U4 of signers, to every signer."
         for m in msgs:
-            self._accept("unmask", m, self.u3)
+            self._accept("consistency", m, self.u3)
+            if np.asarray(m.get("u3_sig")).shape != (64,): raise MessageRejected(f"client {m['sender']}: malformed signature on U3")
+        self.u4 = sorted(self.received["consistency"])
+        self._check_threshold(self.u4, "confirmed the list of senders")
+        sigs = {f"sig/{u}": self.received["consistency"][u]["u3_sig"] for u in self.u4}
+        return {v: {"u4": np.array(self.u4, np.int64), **sigs} for v in self.u4}
+
+    def unmask(self, msgs: list[Message]) -> np.ndarray:
+        "Step 4: accept shares; rebuild every b_u (u in U3) and s_SK_v (v dropped before sending); return the sum (float64)."
+        for m in msgs:
+            self._accept("unmask", m, self.u4)
             for k in m:
                 if k.startswith(("b/", "s/")) and np.asarray(m[k]).shape != (33,): raise MessageRejected(f"client {m['sender']}: malformed share {k}")
         u4 = sorted(self.received["unmask"])
@@ -413,7 +460,8 @@ def run_protocol(server: SecAggServer, ids: list[int], call: Callable, drop_befo
     rosters = deliver(server.advertise(exchange("advertise", {c: {} for c in ids}), ids))
     forwarded = deliver(server.share(exchange("share", rosters)))
     survivors = deliver(server.masked_input(exchange("masked_input", forwarded, drop_before)))
-    total = server.unmask(exchange("unmask", survivors, drop_after))
+    signatures = deliver(server.consistency(exchange("consistency", survivors, drop_after)))
+    total = server.unmask(exchange("unmask", signatures))
     return SecAggResult(total, list(server.u3), [c for c in ids if c in set(drop_before)], [c for c in ids if c in set(drop_after)],
                         server.view, up, down, time.perf_counter() - start, server)
 
@@ -422,6 +470,7 @@ def client_step(client: SecAggClient, step: str, message: Message, x: np.ndarray
     if step == "advertise": return client.advertise()
     if step == "share": return client.share_keys(message)
     if step == "masked_input": return client.masked_input(message, x)
+    if step == "consistency": return client.consistency(message)
     if step == "unmask": return client.unmask(message)
     raise SecAggError(f"unknown secure-aggregation step {step!r}; the steps are {', '.join(STEPS)}")
 
@@ -437,7 +486,8 @@ def secure_sum(vectors: dict[int, np.ndarray], params: SecAggParams = SecAggPara
     xs = {c: (np.asarray(v, np.uint64) if encoded else fixed.encode(v, len(ids))) for c, v in vectors.items()}
     server = SecAggServer(session, rnd, length, {c: identities[c].public_key() for c in ids}, params, fixed,
                           rng or np.random.default_rng())
-    clients = {c: SecAggClient(c, identities[c], session, rnd, params) for c in ids}
+    pki = {c: identities[c].public_key() for c in ids}
+    clients = {c: SecAggClient(c, identities[c], session, rnd, params, pki) for c in ids}
     def call(step: str, messages: dict) -> dict:
         replies = {c: client_step(clients[c], step, m, xs[c]) for c, m in messages.items()}
         return {c: intercept(step, r) for c, r in replies.items()} if intercept is not None else replies

@@ -90,7 +90,9 @@ class UplinkClient:
     def privatize(self, rnd: int, reply: Message, down: Message, n: int) -> Message:
         "`reply` clipped and noised as the algorithm's `SumSpec.dp` says; `n`: clients whose noise adds up (distributed DP)."
         c, spec = self.config.privacy, self.spec
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, self.cid, 0xD9]).generate_state(1)[0]))
+        gen = None               # the operating system's entropy: nothing printed or derivable from the run can regenerate it
+        if c.dp_seeded_noise:    # research reruns only: the noise follows from the printed seed, so the run is not private
+            gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, self.cid, 0xD9]).generate_state(1)[0]))
         std = c.dp_noise * c.dp_clip / (math.sqrt(n) if self.secure else 1.0)
         fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight and k not in spec.public}
         out = dict(reply)
@@ -139,7 +141,8 @@ class UplinkClient:
         if self.held is None or self.held[0] != rnd:
             raise SecAggError(f"client {self.cid} holds no reply of round {rnd} to aggregate")
         if step == "advertise":
-            self.session = SecAggClient(self.cid, self.identity, context["session"], rnd, self.params)
+            pki = {int(c): Ed25519PublicKey.from_public_bytes(bytes.fromhex(k)) for c, k in context["pki"].items()}
+            self.session = SecAggClient(self.cid, self.identity, context["session"], rnd, self.params, pki)
         x = self._vector(int(context["group"]), int(context["senders"])) if step == "masked_input" else None
         out = client_step(self.session, step, message, x)
         if step == "unmask": self.held = self.session = None
@@ -160,7 +163,13 @@ class Uplink:
         self.params = SecAggParams(config.privacy.secagg_threshold, config.privacy.secagg_neighbours, config.privacy.secagg_frac_bits)
         self.pki: dict[int, Ed25519PublicKey] = {}
         self.session = uuid.uuid4().hex
-        self.accountant = PrivacyAccountant(config.privacy.dp_delta) if self.dp else None
+        self.accountant = None
+        if self.dp:
+            self.accountant = PrivacyAccountant(config.privacy.dp_delta, neighbouring=(
+                "add or remove one client (the sum of clipped contributions moves by at most C)" if self.secure else
+                "replace one client's data (its clipped upload moves by at most 2C)"),
+                observer="the server, which sees " + ("only the noised sum" if self.secure else "every upload")
+                         + " and which clients were selected (no amplification by sampling)")
         self.rounds: list[dict] = []
         self.last: list[SecAggResult] = []
 
@@ -194,7 +203,8 @@ class Uplink:
         senders = {cid: m for cid, m in sealed.items() if m}
         if not self.secure or not senders:
             for cid, m in sealed.items(): comm.append((rnd, cid, "up", message_nbytes(m), message_floats(m)))
-            if self.dp and senders: self.accountant.step(self.config.privacy.dp_noise, self.config.client_fraction, self.config.privacy.dp_fraction)
+            if self.dp and senders:      # local placement: noise sigma*C on an upload of sensitivity 2C
+                self.accountant.step(self.config.privacy.dp_noise / 2, 1.0, self.config.privacy.dp_fraction)
             return dict(sealed)
         groups: dict = {}
         for cid in sorted(senders):
@@ -211,7 +221,9 @@ class Uplink:
             if missing: raise SecAggError(f"no identity key registered for clients {missing}")
             server_side = SecAggServer(self.session, rnd, length, {c: self.pki[c] for c in cids}, self.params,
                                        FixedPoint(self.params.frac_bits), np.random.default_rng([self.seed, rnd, 0x6A]))
-            context = {"session": self.session, "group": len(cids), "senders": len(senders)}
+            context = {"session": self.session, "group": len(cids), "senders": len(senders),
+                       "pki": {str(c): self.pki[c].public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+                               for c in cids}}
             res = run_protocol(server_side, cids, lambda step, messages: call(step, messages, context), before, after)
             out[min(res.included)] = self._unflatten(res.total, layout)
             results.append(res)
@@ -221,7 +233,8 @@ class Uplink:
             if dn.get(cid): comm.append((rnd, cid, "down", dn[cid], 0))
         included = sum(len(r.included) for r in results)
         if self.dp:
-            self.accountant.step(self.config.privacy.dp_noise * math.sqrt(included / len(senders)), self.config.client_fraction, self.config.privacy.dp_fraction)
+            # distributed placement: the noise left in the sum, sigma*C*sqrt(included/senders), on a sum of sensitivity C
+            self.accountant.step(self.config.privacy.dp_noise * math.sqrt(included / len(senders)), 1.0, self.config.privacy.dp_fraction)
         self.last = results
         self.rounds.append(dict(round=rnd, clients=len(senders), included=included,
                                 dropped_before=sum(len(r.dropped_before) for r in results),
@@ -245,7 +258,10 @@ class Uplink:
                        secagg_dropped_before=sum(r["dropped_before"] for r in self.rounds))
         if self.dp:
             share = None if clip_counts is None else (clip_counts[1] / clip_counts[0] if clip_counts[0] else 0.0)
-            out.update(dp_noise=c.dp_noise, dp_clip=c.dp_clip, dp_fraction=c.dp_fraction, dp_mode=self.spec.dp,
+            out.update(dp_private=not c.dp_seeded_noise,
+                       dp_noise_source="seeded from the run's seed: NOT PRIVATE (a research rerun)" if c.dp_seeded_noise
+                                       else "the operating system's entropy (os.urandom)",
+                       dp_noise=c.dp_noise, dp_clip=c.dp_clip, dp_fraction=c.dp_fraction, dp_mode=self.spec.dp,
                        dp_placement="distributed" if self.secure else "local", dp_public_fields=list(self.spec.public),
                        dp_clipped_share=share, **self.accountant.report())
         return out

@@ -201,3 +201,35 @@ def test_run_pool_trains_one_model_on_every_clients_nodes(shared_root):
     assert text.returncode == 0 and "3 clients pooled into one client (pooled)" in text.stdout
     bad = fglit(*base, "--pool", "centralised", "--backend", "flower-sim")
     assert bad.returncode == 2 and "--pool" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _one_line_error(capsys, argv) -> str:
+    "Run `fglit ARGV`: it must exit 2 with one `fglit: error:` line on stderr and no traceback; that line."
+    from fglit.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fglit: error:") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_repeated_or_missing_seeds_are_refused(shared_root, capsys):
+    from fglit.federation import ConfigError, run
+    base = ["run", "fedavg", "--dataset", "Cora", "--clients", "3", "--rounds", "1", "--root", str(shared_root), "--quiet"]
+    assert "repeat [0]" in _one_line_error(capsys, base + ["--seeds", "0", "0"])
+    with pytest.raises(ConfigError, match="no seeds"):
+        run("fedavg", "cora", "louvain", 3, rounds=1, seeds=[], root=shared_root, progress=False)
+
+
+def test_secure_aggregation_abort_is_one_line(shared_root, capsys):
+    err = _one_line_error(capsys, ["run", "fedavg", "--dataset", "Cora", "--clients", "4", "--rounds", "1", "--quiet",
+                                   "--root", str(shared_root), "--secure-aggregation", "--secagg-dropout", "0.5"])
+    assert "ThresholdError" in err and "threshold" in err
+
+
+def test_default_partition_follows_the_task(shared_root, capsys):
+    "`fglit run gpfl --dataset MUTAG` with no --partition: a graph task's default partitioner, not Louvain."
+    from fglit.cli import main
+    assert main(["run", "fedavg", "--dataset", "MUTAG", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--quiet",
+                 "--json", "--root", str(shared_root)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["partition"] == "dirichlet"

@@ -140,12 +140,12 @@ def test_opfgl_missing_client_is_reported_or_left_out(shared_root):
     ("fedprox", {"rounds": 2, "secure_aggregation": True}),
     ("scaffold", {"rounds": 2, "secure_aggregation": True}),
     ("opfgl", {"secure_aggregation": True}),
-    ("fedavg", {"rounds": 2, "secure_aggregation": True, "dp_noise": 0.5, "secagg_dropout": 0.25}),
-    ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0}),      # FedPG's server needs each upload: local DP, no secagg
+    ("fedavg", {"rounds": 2, "secure_aggregation": True, "dp_noise": 0.5, "secagg_dropout": 0.25, "dp_seeded_noise": True}),
+    ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0, "dp_seeded_noise": True}),      # FedPG's server needs each upload: local DP, no secagg
 ])
 def test_privacy_on_flower_matches_in_process(algorithm, settings_, shared_root):
     """Secure aggregation (the protocol's four steps as `query.uplink` messages between the ServerApp and the nodes) and
-    DP (each node privatises its own reply) through the Flower transport: every client's score equals the in-process run's
+    DP (each node privatises its own reply; seeded noise, so that both runs draw the same) through the Flower transport: every client's score equals the in-process run's
     to 1e-6 (replay=True: the same client initialisation), and fglit counts the same bytes."""
     grid = FakeGrid(4)
     result = serve(grid, spec(shared_root, algorithm, settings_, replay=True))
@@ -161,7 +161,7 @@ def test_privacy_on_flower_matches_in_process(algorithm, settings_, shared_root)
         steps = {t for _, t, _ in grid.received if t == "query.uplink"}
         assert steps and fs["privacy"]["secagg_rounds"] == ls["privacy"]["secagg_rounds"] > 0
         kinds = set(result.wire.kind)
-        assert {"uplink.advertise", "uplink.share", "uplink.masked_input", "uplink.unmask"} <= kinds
+        assert {"uplink.advertise", "uplink.share", "uplink.masked_input", "uplink.consistency", "uplink.unmask"} <= kinds
     if settings_.get("dp_noise"):
         assert fs["privacy"]["epsilon"] == ls["privacy"]["epsilon"]
 
@@ -210,7 +210,7 @@ def test_node_lost_during_secure_aggregation_is_a_dropout(shared_root):
                 grid.lose[3] = int(m.metadata.group_id)
         return orig(messages)
     grid.push_messages = push
-    result = serve(grid, spec(shared_root, "fedavg", {"rounds": 2, "secure_aggregation": True, "secagg_threshold": 0.5}, min_clients=3))
+    result = serve(grid, spec(shared_root, "fedavg", {"rounds": 2, "secure_aggregation": True}, min_clients=3))
     assert result.dropped[["round", "client", "what"]].values.tolist() == [[1, 3, "uplink.masked_input"]]
     assert set(result.runs[0].history.query("round == 2").client) == {0, 1, 2}
     assert 0 < result.scores().accuracy[0] <= 1

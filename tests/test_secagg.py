@@ -178,4 +178,51 @@ def test_cli_secure_aggregation_and_dp_flags(shared_root, capsys):
     s = json.loads(capsys.readouterr().out)
     pv = s["privacy"]
     assert pv["secure_aggregation"] and pv["secagg_dropped_after"] == 2 and pv["releases"] == 2
-    assert s["config"]["secagg_dropout"] == 0.25 and s["config"]["dp_noise"] == 2.0 and 0 < pv["epsilon"] < float("inf")
+    assert s["config"]["privacy"]["secagg_dropout"] == 0.25 and s["config"]["privacy"]["dp_noise"] == 2.0 and 0 < pv["epsilon"] < float("inf")
+
+
+def _until_masked_inputs(n: int = 6):
+    "Clients and a server of one aggregation, run honestly up to the masked inputs."
+    from fglit.secagg import SecAggClient, SecAggServer
+    ids = list(range(n))
+    identities = make_identities(ids)
+    pki = {c: identities[c].public_key() for c in ids}
+    params, fixed = SecAggParams(), FixedPoint(32)
+    server = SecAggServer("S", 1, 8, pki, params, fixed, np.random.default_rng(0))
+    clients = {c: SecAggClient(c, identities[c], "S", 1, params, pki) for c in ids}
+    xs = {c: fixed.encode(np.random.default_rng(c).normal(size=8), n) for c in ids}
+    rosters = server.advertise([clients[c].advertise() for c in ids], ids)
+    forwarded = server.share([clients[c].share_keys(rosters[c]) for c in ids])
+    server.masked_input([clients[c].masked_input(forwarded[c], xs[c]) for c in ids])
+    return ids, clients
+
+
+def test_a_server_that_splits_the_survivor_list_learns_nothing():
+    """The attack: tell some clients the victim sent its input (they release its b share) and the others that it did not
+    (they release its s_SK share): with t of each, both masks of the victim, so its input. With the consistency round
+    every honest client first checks t signatures on the list *it* was sent: no split gives both sides t."""
+    from fglit.secagg import MessageRejected
+    ids, clients = _until_masked_inputs(6)              # threshold 2/3: t = 5 of 6
+    victim, told_sent, told_dropped = 0, [0, 1, 2, 3], [4, 5]
+    lists = {c: np.array(ids if c in told_sent else ids[1:], np.int64) for c in ids}
+    sigs = {c: clients[c].consistency({"u3": lists[c]})["u3_sig"] for c in ids}
+    released = []
+    for side in (told_sent, told_dropped):             # (a) each side sees only its own side's signatures: fewer than t
+        msg = {"u4": np.array(side, np.int64), **{f"sig/{u}": sigs[u] for u in side}}
+        for c in side:
+            with pytest.raises(ThresholdError):
+                released.append(clients[c].unmask(msg))
+    msg = {"u4": np.array(ids, np.int64), **{f"sig/{u}": sigs[u] for u in ids}}
+    for c in ids:                                       # (b) all signatures, claimed to be on one list: some do not verify
+        with pytest.raises(MessageRejected, match="different lists"):
+            released.append(clients[c].unmask(msg))
+    assert released == []                               # no share of the victim's secrets left any client
+
+
+def test_thresholds_below_two_thirds_are_refused():
+    from fglit.algorithms.fedavg import FedAvgConfig
+    from fglit.federation import make_config
+    with pytest.raises(ConfigError, match=r"in \[2/3, 1\).*Bonawitz"):
+        SecAggParams(0.3)
+    with pytest.raises(ConfigError, match="secagg_threshold must be >= 0.666667"):
+        make_config(FedAvgConfig, {"secure_aggregation": True, "secagg_threshold": 0.3})

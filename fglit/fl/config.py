@@ -80,17 +80,24 @@ class PrivacyConfig:
     secure_aggregation: bool = setting(False, help="uploads through secure aggregation (fglit.secagg)")
     secagg_dropout: float = setting(0.0, ge=0.0, le=1.0, help="share of senders that drop out after sending their masked input")
     secagg_dropout_before: float = setting(0.0, ge=0.0, le=1.0, help="share that drop out after sharing keys, before sending their input")
-    secagg_threshold: float = setting(2 / 3, gt=0.0, lt=1.0, help="t = floor(threshold * group size) + 1")
+    secagg_threshold: float = setting(2 / 3, ge=2 / 3, lt=1.0, help="t = floor(threshold * group size) + 1; >= 2/3 against an active server (05_secagg)")
     secagg_neighbours: int = setting(0, ge=-1, help="0: every client; k > 0: SecAgg+ k-regular graph; -1: k = 2 ceil(log2 n)")
     secagg_frac_bits: int = setting(32, ge=0, le=52, help="fixed-point fractional bits in Z_2^64")
     dp_noise: float = setting(0.0, ge=0.0, help="Gaussian noise multiplier of client-level DP (0: no DP)")
     dp_clip: float = setting(1.0, gt=0.0, help="L2 clip norm of a client's contribution")
     dp_delta: float = setting(1e-5, gt=0.0, lt=1.0, help="delta of the reported epsilon")
     dp_fraction: float = setting(1.0, ge=0.0, le=1.0, help="share of coordinates noised (< 1: FedPG's partial noise, no finite epsilon)")
+    dp_seeded_noise: bool = setting(False, help="research reruns: DP noise from the run's seed, bit for bit; NOT private (the result says so)")
 
     def validate(self) -> None:
-        "Raise `ConfigError` for values out of range, and for dropouts without secure aggregation."
+        "Raise `ConfigError` for values out of range, for settings that do nothing alone, and for dropouts without secure aggregation."
         check_settings(self)
+        defaults = PrivacyConfig.__dataclass_fields__
+        changed = [n for n in defaults if getattr(self, n) != defaults[n].default]
+        idle = [n for n in changed if n.startswith("dp_") and n != "dp_noise"] if self.dp_noise == 0 else []
+        if idle: raise ConfigError(f"{', '.join(idle)} {'does' if len(idle) == 1 else 'do'} nothing without dp_noise > 0 (no DP noise is added)")
+        idle = [n for n in changed if n.startswith("secagg_") and "dropout" not in n] if not self.secure_aggregation else []
+        if idle: raise ConfigError(f"{', '.join(idle)} {'does' if len(idle) == 1 else 'do'} nothing without secure_aggregation=True")
         if self.secagg_dropout + self.secagg_dropout_before >= 1: raise ConfigError("secagg_dropout + secagg_dropout_before must be < 1")
         if (self.secagg_dropout or self.secagg_dropout_before) and not self.secure_aggregation:
             raise ConfigError("secagg_dropout and secagg_dropout_before need secure_aggregation=True")

@@ -53,7 +53,7 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "GCFL+": ("gcfl+", {}),
     "FedStar": ("fedstar", {}),
     "FedPG": ("fedpg", {}),
-    "FedPG+noise10": ("fedpg", {"dp_fraction": 0.1, "dp_noise": 0.001, "dp_clip": 100.0}),
+    "FedPG+noise10": ("fedpg", {"dp_fraction": 0.1, "dp_noise": 0.001, "dp_clip": 100.0, "dp_seeded_noise": True}),
     "w/o-RF-context": ("fedpg", {"hops": 0}),
     "w/o-adaptive-margin": ("fedpg", {"eps": 0.0}),
     "w/o-personalisation": ("fedpg", {"glb_alpha": 1.0}),

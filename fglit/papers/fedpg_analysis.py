@@ -68,7 +68,7 @@ def figure_experiments(tables=FIGURES, datasets=("Cora",), sparse_dataset: str =
         elif t == "fig6":   # Gaussian noise of std s on a fraction of the prototype coordinates, GAT
             out.append(_fig(t, d, "metis", 10, "FedPG", {"model": "gat"}, "noise=0"))
             out += [_fig(t, d, "metis", 10, f"FedPG {int(100 * f)}%",
-                         {"model": "gat", "dp_fraction": f, "dp_noise": s / DP_CLIP, "dp_clip": DP_CLIP}, f"noise={s:g}")
+                         {"model": "gat", "dp_fraction": f, "dp_noise": s / DP_CLIP, "dp_clip": DP_CLIP, "dp_seeded_noise": True}, f"noise={s:g}")
                     for f in NOISE_FRACTIONS for s in NOISE_STD if s > 0]
         elif t == "fig7":   # sparse local data and partial participation, GraphSAGE, 20 clients
             base = {"model": "graphsage"}
