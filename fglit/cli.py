@@ -466,4 +466,5 @@ def _user_facing(err: Exception) -> bool:
     kinds = [ConfigError]
     if "fglit.secagg" in sys.modules: kinds.append(sys.modules["fglit.secagg"].SecAggError)
     if "fglit.flower_app" in sys.modules: kinds.append(sys.modules["fglit.flower_app"].FlowerRunError)
+    if "fglit.reproduction" in sys.modules: kinds.append(sys.modules["fglit.reproduction"].ResultsFileBusy)
     return isinstance(err, tuple(kinds))

@@ -5,7 +5,9 @@
 # %% ../nbs/08_reproduction.ipynb #bbf72b12
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import multiprocessing as mp
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,9 +23,10 @@ from tqdm.auto import tqdm
 # %% auto #0
 __all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS',
            'AUTHORS_COLUMNS', 'paper_number_papers', 'load_paper_numbers', 'Experiment', 'completed', 'results_file',
-           'append_row', 'run_grid', 'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction',
-           'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files',
-           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
+           'repair_torn_row', 'read_results', 'append_row', 'ResultsFileBusy', 'ResultsLock', 'run_grid',
+           'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction', 'compare_with_paper',
+           'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files', 'with_provenance',
+           'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
            'write_authors_code', 'miss_cause', 'authors_verdicts']
 
 # %% ../nbs/08_reproduction.ipynb #670573a4
@@ -87,24 +90,100 @@ def results_file(default: str | Path, path: str | Path | None = None) -> Path | 
         if p.exists(): return p
     return None
 
+def _write_whole(path: Path, text: str, append: bool) -> None:
+    "Write `text` to `path` in one `write` call (appending: the bytes land at the end together), then flush it to disk."
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
+    try:
+        data = text.encode()
+        while data: data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+def repair_torn_row(path: Path) -> bool:
+    "Drop an incomplete last line (a row cut by a kill mid-write) from the CSV `path`, with a warning; whether it did."
+    if not path.exists() or path.stat().st_size == 0: return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n": return False
+        f.seek(0); data = f.read()
+    keep = data[:data.rfind(b"\n") + 1]
+    warnings.warn(f"{path}: its last line was incomplete (a run killed while writing it) and is dropped: "
+                  f"{data[len(keep):][:80].decode(errors='replace')!r}...; that run will be redone")
+    with open(path, "r+b") as f: f.truncate(len(keep))
+    return True
+
+def read_results(path: Path) -> pd.DataFrame:
+    "A results CSV with a torn last line dropped (`repair_torn_row`) and each run (its `KEY_COLUMNS`) counted once (later copies dropped, with a warning)."
+    repair_torn_row(path)
+    df = pd.read_csv(path, dtype={"table": str, "paper_table": str}, keep_default_na=False)
+    if len(df) and set(KEY_COLUMNS) <= set(df.columns):
+        dup = df.duplicated(KEY_COLUMNS)
+        if dup.any():
+            warnings.warn(f"{path}: {int(dup.sum())} row(s) repeat a run already in the file (same {', '.join(KEY_COLUMNS)}); "
+                          "each run is counted once")
+            df = df[~dup].reset_index(drop=True)
+    return df
+
 def append_row(out: Path, row: dict) -> None:
-    "Append one result row to the CSV `out`; when its columns differ from the file's (a grid that gained or lost a column), rewrite the file with the union so no value lands under another column's header."
+    "Append one result row to the CSV `out` as one whole line; when its columns differ from the file's (a grid that gained or lost a column), rewrite the file with the union (atomically) so no value lands under another column's header."
     out.parent.mkdir(parents=True, exist_ok=True)
     new = pd.DataFrame([row])
     if out.exists() and out.stat().st_size > 0:
+        repair_torn_row(out)
         header = pd.read_csv(out, nrows=0).columns.tolist()
         if not set(new.columns) <= set(header):     # a new column: rewrite once with the union of columns
-            pd.concat([pd.read_csv(out, dtype=str, keep_default_na=False), new], ignore_index=True).to_csv(out, index=False)
+            tmp = out.with_name(out.name + ".tmp")
+            pd.concat([pd.read_csv(out, dtype=str, keep_default_na=False), new], ignore_index=True).to_csv(tmp, index=False)
+            os.replace(tmp, out)
             return
-        new.reindex(columns=header).to_csv(out, mode="a", header=False, index=False)   # missing columns stay empty
+        _write_whole(out, new.reindex(columns=header).to_csv(header=False, index=False), append=True)   # missing columns stay empty
     else:
-        new.to_csv(out, index=False)
+        _write_whole(out, new.to_csv(index=False), append=False)
+
+class ResultsFileBusy(RuntimeError):
+    "Another run holds the lock of this results file."
+
+class ResultsLock:
+    "An exclusive lock on a results CSV (`<file>.lock`, `flock`) for one run of a grid: a second run on the same file is refused."
+    def __init__(self, out: Path):
+        self.out, self.path, self.fd = out, out.with_name(out.name + ".lock"), None
+
+    def __enter__(self) -> "ResultsLock":
+        import fcntl
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            os.close(self.fd); self.fd = None
+            raise ResultsFileBusy(f"another run is writing to {self.out} (process {holder or '?'}); wait for it, or write to another --out") from None
+        os.ftruncate(self.fd, 0); os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN); os.close(self.fd); self.fd = None
+
+def _end_with_parent(parent: int) -> None:
+    "Worker initializer: exit as soon as the process that started this worker is gone (killed, even with SIGKILL)."
+    import threading, time
+    def watch():
+        while os.getppid() == parent: time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
 
 def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), out: str | Path | None = None, jobs: int = 1,
              quick: bool = False, progress: bool | None = None) -> pd.DataFrame:
     "Run each experiment once per seed with `run_one` (skipping rows already in `out`), `jobs` processes at a time; returns the rows of these experiments and seeds (earlier and new)."
     out = Path(out) if out else None
-    done = pd.read_csv(out, dtype={"table": str, "paper_table": str}, keep_default_na=False) if out and out.exists() else pd.DataFrame()
+    with (ResultsLock(out) if out else contextlib.nullcontext()):
+        return _run_grid(experiments, run_one, seeds, out, jobs, quick, progress)
+
+def _run_grid(experiments, run_one, seeds, out, jobs, quick, progress) -> pd.DataFrame:
+    done = read_results(out) if out and out.exists() else pd.DataFrame()
     wanted = {e.key(s) for e in experiments for s in seeds}
     have = set()
     if len(done):
@@ -126,7 +205,7 @@ def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), 
         for e, s in todo:
             keep(_guarded(run_one, e, s, quick)); bar.update()
     else:
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_end_with_parent, initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(_guarded, run_one, e, s, quick) for e, s in todo]
             for f in as_completed(futures):
                 keep(f.result()); bar.update()

@@ -57,3 +57,90 @@ def test_authors_variants_match_whole_note_parts():
     rows = fglit_authors_rows(on_authors, runs, ("1",), ("M",), {"code's settings": "code's settings",
                                                                   "code's settings and more": "more"})
     assert rows.method.tolist() == ["M", "M [code's settings]", "M [more]"]
+
+
+# -- crash-safe results files ------------------------------------------------------------------------------------------
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings as _warnings
+
+import pytest
+
+from fglit.reproduction import Experiment, ResultsFileBusy, ResultsLock, read_results, run_grid
+
+from _grid_helpers import quick_run
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _grid(n: int = 3) -> list:
+    return [Experiment("t", "Cora", "louvain", 3, f"m{i}", "fedavg") for i in range(n)]
+
+
+def test_a_torn_last_row_is_dropped_and_redone(tmp_path):
+    out = tmp_path / "runs.csv"
+    run_grid(_grid(2), quick_run, seeds=(0,), out=out, progress=False)
+    whole = out.read_text()
+    out.write_text(whole + "t,Cora,louvain,3,m9,fed")              # a kill in the middle of a row
+    with pytest.warns(UserWarning, match="incomplete"):
+        rows = run_grid(_grid(3), quick_run, seeds=(0,), out=out, progress=False)
+    assert len(rows) == 3 and out.read_text().startswith(whole)
+    again = read_results(out)
+    assert len(again) == 3 and again.method.tolist() == ["m0", "m1", "m2"] and (again.blob.str.len() == 4000).all()
+
+
+def test_a_run_in_the_file_twice_counts_once(tmp_path):
+    out = tmp_path / "runs.csv"
+    run_grid(_grid(2), quick_run, seeds=(0,), out=out, progress=False)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines + lines[1:2]))                   # two runs appended the same row
+    with pytest.warns(UserWarning, match="repeat a run"):
+        df = read_results(out)
+    assert len(df) == 2
+
+
+def test_a_second_run_on_the_same_file_is_refused(tmp_path):
+    out = tmp_path / "runs.csv"
+    with ResultsLock(out):
+        with pytest.raises(ResultsFileBusy, match=f"process {os.getpid()}"):
+            run_grid(_grid(1), quick_run, seeds=(0,), out=out, progress=False)
+    run_grid(_grid(1), quick_run, seeds=(0,), out=out, progress=False)           # free again once the first is done
+
+
+def _python(code: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def test_killing_a_run_mid_write_leaves_a_readable_file(tmp_path):
+    "SIGKILL a run that appends rows as fast as it can, at several moments: the file always reads back whole rows."
+    out = tmp_path / "runs.csv"
+    code = ("from fglit.reproduction import Experiment, run_grid; from _grid_helpers import quick_run\n"
+            f"run_grid([Experiment('t', 'Cora', 'louvain', 3, f'm{{i}}', 'fedavg') for i in range(100000)], quick_run, "
+            f"seeds=(0,), out={str(out)!r}, progress=False)")
+    for delay in (3.0, 3.5, 4.2):
+        p = _python(code)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL); p.wait()
+        with _warnings.catch_warnings():
+            _warnings.simplefilter("ignore")
+            df = read_results(out)
+        assert len(df) > 0 and (df.blob.str.len() == 4000).all() and not df.duplicated(["method", "seed"]).any()
+
+
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    code = ("from fglit.reproduction import Experiment, run_grid; from _grid_helpers import slow_run\n"
+            f"run_grid([Experiment('t', 'Cora', 'louvain', 3, f'm{{i}}', 'fedavg') for i in range(4)], slow_run, "
+            f"seeds=(0,), out={str(tmp_path / 'runs.csv')!r}, jobs=2, progress=False)")
+    p = _python(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(psutil.Process(p.pid).children(recursive=True)) < 2: time.sleep(0.2)
+    workers = psutil.Process(p.pid).children(recursive=True)
+    assert len(workers) >= 2
+    p.send_signal(signal.SIGKILL); p.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers still running after their parent was killed: {[w.pid for w in alive]}"
