@@ -172,6 +172,8 @@ def print_result(result, as_json: bool = False) -> int:
     if summary.get("dropped"):
         print("clients lost on Flower (the run went on without them): "
               + "; ".join(f"client {d['client']} in round {d['round']} ({d['reason']})" for d in summary["dropped"]))
+        print(f"the accuracy above averages only the {len(summary['scored_clients'])} of {result.clients} clients still there: "
+              f"clients {summary['scored_clients']}")
     if summary.get("privacy"):
         pv = summary["privacy"]
         if pv.get("secure_aggregation"):

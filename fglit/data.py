@@ -153,8 +153,11 @@ def gin_text_to_tu(zip_path: Path, name: str, raw_dir: Path) -> list[Path]:
 
 # %% ../nbs/00_data.ipynb #ae9e82f6
 def _tu(root: Path, spec: DatasetSpec, layout: RawLayout):
-    if layout.variant == "gin-text" and not all(p.is_file() for p in spec.expected_files(root)):
-        gin_text_to_tu(root / spec.folder / layout.files[0], spec.folder, root / spec.folder / "raw")
+    if layout.variant == "gin-text":     # converted into fglit's cache, never under the data root (which may be shared or read-only)
+        converted = cache_dir() / "tu-from-gin-text" / _root_key(root)
+        if not all(p.is_file() for p in spec.expected_files(converted)):
+            gin_text_to_tu(root / spec.folder / layout.files[0], spec.folder, converted / spec.folder / "raw")
+        return pyg_datasets.TUDataset(str(converted), spec.folder)
     return pyg_datasets.TUDataset(str(root), spec.folder, cleaned=layout.variant == "cleaned")
 
 def _ogb_node(root: Path, spec: DatasetSpec, layout: RawLayout):

@@ -277,9 +277,11 @@ class FlowerRunResult(RunResult):
         return g[["flower_bytes", "fglit_bytes"]].sum().assign(messages=g.size()).reset_index()
 
     def summary(self) -> dict:
-        "`RunResult.summary()` plus `dropped`: the lost clients as records (empty when every client stayed)."
+        """`RunResult.summary()` plus `dropped`: the lost clients as records (empty when every client stayed), and
+        `scored_clients`: the clients the headline scores average (those still there at the selected round)."""
         dropped = self.dropped if self.dropped is not None else pd.DataFrame(columns=DROPPED_COLUMNS)
-        return {**super().summary(), "dropped": dropped.to_dict(orient="records")}
+        s = super().summary()
+        return {**s, "dropped": dropped.to_dict(orient="records"), "scored_clients": sorted(int(c["client"]) for c in s["per_client"])}
 
 def _warn(text: str) -> None:
     "A warning in the ServerApp's log (the console in a simulation, `flwr log` in a deployment)."

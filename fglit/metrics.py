@@ -11,7 +11,7 @@ import torch
 
 # %% auto #0
 __all__ = ['WEIGHTINGS', 'SELECTIONS', 'grouped_roc_auc', 'roc_auc', 'confusion_matrix', 'f1_per_class', 'classification_scores',
-           'grouped_scores', 'client_average', 'mean_std', 'format_mean_std', 'select_round']
+           'grouped_scores', 'client_average', 'mean_std', 'format_mean_std', 'selection_used', 'select_round']
 
 # %% ../nbs/04_metrics.ipynb #1309dc47
 def _group_auc(groups: torch.Tensor, positive: torch.Tensor, score: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -132,6 +132,12 @@ def format_mean_std(values, scale: float = 100.0, digits: int = 2) -> str:
 
 # %% ../nbs/04_metrics.ipynb #3fc3bbdb
 SELECTIONS = ("best_val", "last")
+
+def selection_used(per_round: pd.DataFrame, selection: str = "best_val") -> str:
+    "The rule `select_round` applies: `selection`, or, when best_val finds no validation scores (no validation split), the fallback it takes, named."
+    if selection == "best_val" and per_round["val_accuracy"].isna().all():
+        return "last (no validation scores: best_val had nothing to select on)"
+    return selection
 
 def select_round(per_round: pd.DataFrame, selection: str = "best_val") -> int:
     "The round to report from a table with columns `round` and `val_accuracy`."

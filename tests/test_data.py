@@ -209,9 +209,11 @@ def test_gin_text_conversion(tmp_path, fresh_cache):
     assert ds.graphs[1].num_nodes == 2 and ds.graphs[1].num_edges == 2      # duplicate neighbour dropped
     assert ds.graphs.y.tolist() == [1, 0]
     assert ds.graphs[0].x.shape == (3, 3)                                   # one-hot degree, max degree 2
-    # converted once: the TU raw files now exist and a second load reads them
-    assert (tmp_path / "COLLAB" / "raw" / "COLLAB_A.txt").is_file()
-    assert fd.load_dataset("COLLAB", tmp_path).num_graphs == 2
+    # converted once, into fglit's cache: the data root is left as it was (it may be shared), and a second load reads the cache
+    assert not (tmp_path / "COLLAB" / "raw").exists()
+    assert list(fresh_cache.rglob("COLLAB_A.txt"))
+    again = fd.load_dataset("COLLAB", tmp_path)
+    assert again.num_graphs == 2 and again.variant == "gin-text"
 
 
 def test_edge_homophily():

@@ -41,7 +41,7 @@ def test_lost_client_is_dropped_when_min_clients_allows(shared_root):
     result = serve(grid, spec(shared_root, min_clients=3))
     assert result.dropped[["round", "client", "what"]].values.tolist() == [[2, 3, "train"]]
     assert "NODE_UNAVAILABLE" in result.dropped.reason[0]
-    assert result.summary()["dropped"][0]["client"] == 3
+    assert result.summary()["dropped"][0]["client"] == 3 and result.summary()["scored_clients"] == [0, 1, 2]
     h = result.runs[0].history
     assert set(h[h["round"] == 1].client) == {0, 1, 2, 3}     # round 1 was scored before client 3 was lost
     assert set(h[h["round"] == 3].client) == {0, 1, 2}

@@ -173,3 +173,13 @@ def test_classification_scores_keeps_its_keys_and_adds_auc_only_with_scores():
     assert set(plain) == {"n", "accuracy", "f1_macro", "f1_macro_present"}
     assert with_auc == {**plain, "auc": roc_auc(y, probs, 3)}
     assert np.isnan(classification_scores(y[:0], p[:0], 3, scores=probs[:0])["auc"])
+
+
+def test_the_selection_rule_used_is_named_when_there_is_no_validation_split():
+    import pandas as pd
+    from fglit.metrics import select_round, selection_used
+    no_val = pd.DataFrame({"round": [1, 2, 3], "val_accuracy": [float("nan")] * 3})
+    assert select_round(no_val, "best_val") == 3 and selection_used(no_val, "best_val").startswith("last (no validation")
+    with_val = pd.DataFrame({"round": [1, 2, 3], "val_accuracy": [0.1, 0.5, 0.2]})
+    assert select_round(with_val, "best_val") == 2 and selection_used(with_val, "best_val") == "best_val"
+    assert selection_used(no_val, "last") == "last"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..metrics import client_average, mean_std, select_round
+from ..metrics import client_average, mean_std, select_round, selection_used
 
 
 # %% auto #0
@@ -110,6 +110,7 @@ class RunResult:
                     seeds=self.seeds, accuracy_mean=acc[0], accuracy_std=acc[1], f1_macro_mean=f1[0], f1_macro_std=f1[1],
                     f1_macro_present_mean=f1p[0], f1_macro_present_std=f1p[1], auc_mean=auc[0], auc_std=auc[1],
                     selected_rounds=s["round"].tolist(),
+                    selection="; ".join(sorted({selection_used(r.per_round(), r.selection) for r in self.runs})),
                     communication_rounds=int(comm.loc[(comm.direction == "up") & (comm.bytes > 0), "round"].nunique()) if len(comm) else 0,
                     bytes_up=int(comm.loc[comm.direction == "up", "bytes"].sum()) // n,
                     bytes_down=int(comm.loc[comm.direction == "down", "bytes"].sum()) // n,
