@@ -133,13 +133,15 @@ def test_bytes_are_counted_per_message(cora):
 
 
 def test_client_fraction_and_seeds(cora):
-    r = run("fedavg", cora, "louvain", 6, rounds=3, local_epochs=1, seeds=[0, 0, 1], settings={"client_fraction": 0.5}, progress=False)
+    kw = dict(rounds=3, local_epochs=1, settings={"client_fraction": 0.5}, progress=False)
+    r = run("fedavg", cora, "louvain", 6, seeds=[0, 1], **kw)
     for one in r.runs:
         c = one.communication
         assert (c[c.direction == "up"].groupby("round").size() == 3).all()
-    h = [run_.history for run_ in r.runs]
-    assert same_run(h[0], h[1])                               # same seed: identical, bit for bit on the CPU
-    assert not h[0][["accuracy"]].equals(h[2][["accuracy"]])  # another seed: another run
+    again = run("fedavg", cora, "louvain", 6, seeds=[0], **kw)   # a seed repeated within one run is refused: a second run
+    h = [run_.history for run_ in r.runs] + [again.runs[0].history]
+    assert same_run(h[0], h[2])                               # same seed: identical, bit for bit on the CPU
+    assert not h[0][["accuracy"]].equals(h[1][["accuracy"]])  # another seed: another run
 
 
 BASELINES = ["standalone", "fedavg", "fedprox", "scaffold", "moon"]
