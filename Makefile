@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
+.PHONY: setup demo test test-long test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
 	reproduce-gpfl reproduce-fedpg reproduce-authors
 JOBS ?= 2
 
@@ -30,7 +30,11 @@ demo: setup
 # Every test: package/notebook sync, docs processing, the notebooks (nbdev_test), pytest.
 test: setup check-sync docs-proc
 	$(BIN)/nbdev_test --timing
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not long"
+
+# The tests `make test` leaves out for time: O-pFGL deployed over real SuperNode processes on loopback.
+test-long: setup
+	$(BIN)/python -m pytest tests -q -m long
 
 # Everything again on a CUDA device, GPU-only cells and tests included (needs a GPU machine).
 test-gpu: setup

@@ -48,6 +48,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device; runs only with --gpu (make test-gpu)")
     config.addinivalue_line("markers", "slow: long-running")
+    config.addinivalue_line("markers", "long: minutes of processes on loopback; left out of `make test` (its 25-minute budget), run by `make test-long`")
 
 
 def pytest_collection_modifyitems(config, items):

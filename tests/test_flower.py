@@ -137,7 +137,8 @@ OPFGL_TOL = 0.03   # O-pFGL without replay: its nodes draw their clients' initia
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm,settings_,tol", [("fedavg", {"rounds": 2}, 0.0), ("opfgl", {}, OPFGL_TOL)])
+@pytest.mark.parametrize("algorithm,settings_,tol", [("fedavg", {"rounds": 2}, 0.0),
+                                                    pytest.param("opfgl", {}, OPFGL_TOL, marks=pytest.mark.long)])
 def test_deployment_on_loopback_matches_in_process(algorithm, settings_, tol, shared_root, tmp_path):
     """4 SuperNodes + a SuperLink as processes (insecure, loopback, free ports), each node building only its own client
     (`replay=False`): the accuracy of `run` with the same seed. FedAvg: identical per-client scores (its clients start
