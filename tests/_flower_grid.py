@@ -49,3 +49,14 @@ class FakeGrid:
 
     def pull_messages(self, message_ids):
         return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+
+def assert_matches_in_process(flower, local, tol: float = 1e-6) -> None:
+    "A Flower run against the in-process run: the same (round, client, split, n) rows, every score within `tol`, the same fglit bytes."
+    key = ["round", "client", "split"]
+    a = flower.runs[0].history.sort_values(key).reset_index(drop=True)
+    b = local.runs[0].history.sort_values(key).reset_index(drop=True)
+    assert a[key + ["n"]].equals(b[key + ["n"]])
+    assert (a.accuracy - b.accuracy).abs().max() <= tol
+    fs, ls = flower.summary(), local.summary()
+    assert (fs["bytes_up"], fs["bytes_down"]) == (ls["bytes_up"], ls["bytes_down"])

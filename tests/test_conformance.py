@@ -77,16 +77,10 @@ def test_two_rounds_through_flower_match_in_process(name, task, shared_root):
     round loop with a different transport."""
     pytest.importorskip("flwr")
     from fglit.flower import FlowerRun, serve
-    from _flower_grid import FakeGrid
+    from _flower_grid import FakeGrid, assert_matches_in_process
     dataset, partition, part_settings = TASKS[task]
     settings = {"rounds": 2, "local_epochs": 1, "hidden": 16, **part_settings, **QUICK.get(name, {})}
     flower = serve(FakeGrid(3), FlowerRun(name, dataset, partition, 3, 0, settings, root=str(shared_root), replay=True,
                                           timeout=120.0, wait_nodes=5.0))
     local = run(name, dataset, partition, 3, seeds=[0], progress=False, settings=settings, root=shared_root)
-    key = ["round", "client", "split"]
-    a = flower.runs[0].history.sort_values(key).reset_index(drop=True)
-    b = local.runs[0].history.sort_values(key).reset_index(drop=True)
-    assert a[key + ["n"]].equals(b[key + ["n"]])
-    assert (a.accuracy - b.accuracy).abs().max() <= 1e-6
-    fs, ls = flower.summary(), local.summary()
-    assert (fs["bytes_up"], fs["bytes_down"]) == (ls["bytes_up"], ls["bytes_down"])
+    assert_matches_in_process(flower, local)
