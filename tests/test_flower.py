@@ -217,6 +217,7 @@ def test_secure_aggregation_in_flowers_simulation_engine(shared_root):
     """FedAvg with secure aggregation in Flower's simulation engine (a SuperLink in simulation mode, `flwr run`, Ray
     workers: the ClientApps in other processes): the protocol's steps travel as Flower messages and every client's score
     and fglit's byte counts equal the in-process run's."""
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (flwr[simulation])")
     from fglit.flower import run_flower_simulation
     settings_ = {"secure_aggregation": True}
     sim = run_flower_simulation("fedavg", "cora", "louvain", 3, rounds=2, seed=0, settings=settings_, root=str(shared_root),
