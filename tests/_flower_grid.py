@@ -9,6 +9,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fglit.flower import client_app
+from _device import DEV
 
 _RUN_IDS = itertools.count(1000)
 
@@ -52,7 +53,9 @@ class FakeGrid:
 
 
 def assert_matches_in_process(flower, local, tol: float = 1e-6) -> None:
-    "A Flower run against the in-process run: the same (round, client, split, n) rows, every score within `tol`, the same fglit bytes."
+    """A Flower run against the in-process run: the same (round, client, split, n) rows, every score within `tol`, the same
+    fglit bytes. On CUDA, where atomic adds sum floats in a varying order, scores agree within `same_run`'s 0.05."""
+    tol = tol if DEV.type == "cpu" else max(tol, 0.05)
     key = ["round", "client", "split"]
     a = flower.runs[0].history.sort_values(key).reset_index(drop=True)
     b = local.runs[0].history.sort_values(key).reset_index(drop=True)

@@ -58,3 +58,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With FGLIT_TEST_LOG set, write each test's outcome (and a failure's traceback) as it happens, so a run cut off
+    by a time limit (a lent GPU machine's call) still tells which tests failed and why."""
+    path = os.environ.get("FGLIT_TEST_LOG")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and not report.failed):   # xdist: the controller writes
+        return
+    with open(path, "a") as f:
+        f.write(f"{report.outcome.upper()} {report.nodeid} [{report.when}] {report.duration:.1f}s\n")
+        if report.failed:
+            f.write(report.longreprtext[-4000:] + "\n---\n")

@@ -41,7 +41,7 @@ messages = st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=Tru
 def bitwise_equal(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape): return False
-        return a.numel() == 0 or torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+        return a.numel() == 0 or torch.equal(a.cpu().contiguous().reshape(-1).view(torch.uint8), b.cpu().contiguous().reshape(-1).view(torch.uint8))
     if isinstance(a, float):
         return type(b) is float and (a == b or (a != a and b != b))
     return type(a) is type(b) and a == b

@@ -182,7 +182,7 @@ def test_plain_reply_never_leaves_a_node_under_secure_aggregation(shared_root):
     from fglit.uplink import UplinkClient
     orig_seal = UplinkClient.seal
     def spy(self, rnd, down, reply):
-        plain.append(reply["params"].double().numpy()); return orig_seal(self, rnd, down, reply)
+        plain.append(reply["params"].double().cpu().numpy()); return orig_seal(self, rnd, down, reply)
     UplinkClient.seal = spy
     try:
         run("fedavg", "cora", "louvain", 4, seeds=(0,), settings={"rounds": 1, "secure_aggregation": True}, root=shared_root, progress=False)

@@ -1,0 +1,42 @@
+"""The test helpers' CUDA branch, checked on any machine: `same_run` and `assert_matches_in_process` compare within a
+tolerance where the device is CUDA (atomic adds), and must still compare label columns and tell different runs apart."""
+import pandas as pd
+import pytest
+import torch
+
+import _device
+import _flower_grid
+
+
+@pytest.fixture
+def as_if_cuda(monkeypatch):
+    "The helpers believe fglit's device is CUDA (nothing runs on it: they only read `DEV.type`)."
+    monkeypatch.setattr(_device, "DEV", torch.device("cuda"))
+    monkeypatch.setattr(_flower_grid, "DEV", torch.device("cuda"))
+
+
+def history(acc0=0.80, split="val"):
+    "A run's history as fglit reports it: numbers beside a text column (the split)."
+    return pd.DataFrame({"round": [1, 1], "client": [0, 1], "split": [split, "test"], "n": [10, 12],
+                         "accuracy": [acc0, 0.75], "f1_macro": [0.70, float("nan")]})
+
+
+def test_same_run_on_cuda_compares_numbers_within_tolerance_and_labels_exactly(as_if_cuda):
+    assert _device.same_run(history(), history(0.80 + 0.01))
+    assert not _device.same_run(history(), history(0.80 + 0.2))
+    assert not _device.same_run(history(), history(split="train"))
+    assert not _device.same_run(history(), history().iloc[:1])
+
+
+def test_flower_comparison_on_cuda_allows_float_order_but_not_other_bytes(as_if_cuda):
+    class Fake:
+        def __init__(self, h, up=100):
+            self.runs = [type("R", (), {"history": h})]
+            self._up = up
+        def summary(self):
+            return {"bytes_up": self._up, "bytes_down": 7}
+    _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.81)))
+    with pytest.raises(AssertionError):
+        _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.81), up=101))
+    with pytest.raises(AssertionError):
+        _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.95)))
