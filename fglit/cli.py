@@ -200,7 +200,7 @@ def cmd_algorithms(args) -> int:
         return 0
     rows = [dict(algorithm=name, paper=a.paper,
                  tasks=" ".join(t for t in ("node", "graph") if not getattr(a.config, f"{'graph' if t == 'node' else 'node'}_task_only")),
-                 secure_aggregation="yes" if a.sums_only else "no")
+                 secure_aggregation={True: "yes", False: "no"}.get(a.sums_only) or a.sums_only.__doc__)
             for name, a in sorted(load_algorithms().items())]
     _print_table(pd.DataFrame(rows), args.json)
     return 0

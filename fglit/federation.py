@@ -127,6 +127,9 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
                 part = make_partition(ds, partition, clients, seed=seed, **part_params)
             except (TypeError, ValueError) as err:
                 raise ConfigError(str(err).splitlines()[0]) from None
+        if settings.get("selection") == "best_val" and not bool((part.split_codes == 1).any()):
+            raise ConfigError(f"selection='best_val' needs a validation split, and the {partition} partition of {ds.name} has none: "
+                              "set selection='last' (left unset, a run reports the last round and says so in its summary)")
         data = part.clients if pool is None else [part.union(cut_edges=pool == "centralised")]
         runs.append(simulate(algo, data, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))

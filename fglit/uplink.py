@@ -27,11 +27,13 @@ from .secagg import (FixedPoint, SecAggClient, SecAggError, SecAggParams, SecAgg
 __all__ = ['sum_spec', 'declared_spec', 'reply_layout', 'UplinkClient', 'Uplink']
 
 # %% ../nbs/05a_uplink.ipynb #b59f3d57
-def sum_spec(algorithm) -> SumSpec:
-    "The algorithm's `SumSpec`; a `ConfigError` naming it if its server needs individual messages."
-    if not algorithm.sums_only:
+def sum_spec(algorithm, config=None) -> SumSpec:
+    "The algorithm's `SumSpec`; a `ConfigError` naming it if its server needs individual messages (under `config`)."
+    if not algorithm.takes_sums(config):
+        when = (f"with these settings; it runs under secure aggregation {algorithm.sums_only.__doc__}" if callable(algorithm.sums_only)
+                else "(registered with sums_only=False)")
         raise ConfigError(f"{algorithm.name} cannot run under secure aggregation: its server needs each client's individual "
-                          f"message, not only their sum (registered with sums_only=False)")
+                          f"message, not only their sum {when}")
     return declared_spec(algorithm) or SumSpec()
 
 def declared_spec(algorithm) -> SumSpec | None:
@@ -155,8 +157,8 @@ class Uplink:
     def __init__(self, algorithm, config, seed: int):
         self.algorithm, self.config, self.seed = algorithm, config, seed
         self.secure, self.dp = _privacy_flags(config)
-        self.spec = sum_spec(algorithm) if self.secure else declared_spec(algorithm) or SumSpec()
-        if self.dp and not algorithm.sums_only and declared_spec(algorithm) is None:
+        self.spec = sum_spec(algorithm, config) if self.secure else declared_spec(algorithm) or SumSpec()
+        if self.dp and not algorithm.takes_sums(config) and declared_spec(algorithm) is None:
             raise ConfigError(f"{algorithm.name}: its server needs individual messages (sums_only=False) and no SumSpec says "
                               "which of its reply fields differential privacy should clip and noise; declare one with "
                               "register_algorithm(..., sums=SumSpec(...))")

@@ -84,6 +84,8 @@ def test_cli_algorithms(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {r["algorithm"] for r in rows} == set(ALGORITHMS)
     assert next(r for r in rows if r["algorithm"] == "gpfl")["tasks"] == "graph"
+    secure = {r["algorithm"]: r["secure_aggregation"] for r in rows}
+    assert (secure["fedavg"], secure["gcfl"], secure["fedpg"]) == ("yes", "no", "with upload=class_sums only")
     assert main(["algorithms", "fedprox", "--json"]) == 0
     settings = {r["setting"]: r for r in json.loads(capsys.readouterr().out)}
     assert settings["mu"]["default"] == 0.01 and settings["lr"]["allowed"] == "> 0"

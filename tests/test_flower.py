@@ -213,16 +213,24 @@ def test_cli_backend_flower_sim_matches_inprocess(shared_root):
 
 
 @pytest.mark.slow
-def test_secure_aggregation_in_flowers_simulation_engine(shared_root):
-    """FedAvg with secure aggregation in Flower's simulation engine (a SuperLink in simulation mode, `flwr run`, Ray
-    workers: the ClientApps in other processes): the protocol's steps travel as Flower messages and every client's score
-    and fglit's byte counts equal the in-process run's."""
+@pytest.mark.parametrize("algorithm,rounds,settings_", [
+    ("fedavg", 2, {}),
+    pytest.param("fedprox", 2, {}, marks=pytest.mark.long),
+    pytest.param("scaffold", 2, {}, marks=pytest.mark.long),
+    pytest.param("opfgl", None, {}, marks=pytest.mark.long),
+    pytest.param("fedpg", 2, {"upload": "class_sums"}, marks=pytest.mark.long),    # FedPG's summable form (50_fedpg)
+])
+def test_secure_aggregation_in_flowers_simulation_engine(algorithm, rounds, settings_, shared_root):
+    """Secure aggregation in Flower's simulation engine (a SuperLink in simulation mode, `flwr run`, Ray workers: the
+    ClientApps in other processes): the protocol's steps travel as Flower messages, and every client's score and fglit's
+    byte counts equal the in-process run's (replay=True: the nodes draw their clients' initial weights as `run` does).
+    FedAvg runs in `make test`; the other four in `make test-long` (about a minute each)."""
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (flwr[simulation])")
     from fglit.flower import run_flower_simulation
-    settings_ = {"secure_aggregation": True}
-    sim = run_flower_simulation("fedavg", "cora", "louvain", 3, rounds=2, seed=0, settings=settings_, root=str(shared_root),
-                                num_cpus=2, timeout=400)
-    local = run("fedavg", "cora", "louvain", 3, rounds=2, seeds=(0,), settings=settings_, root=shared_root, progress=False)
+    settings_ = {**settings_, "secure_aggregation": True}
+    sim = run_flower_simulation(algorithm, "cora", "louvain", 3, rounds=rounds, seed=0, settings=settings_, root=str(shared_root),
+                                replay=True, num_cpus=2, timeout=400)
+    local = run(algorithm, "cora", "louvain", 3, rounds=rounds, seeds=(0,), settings=settings_, root=shared_root, progress=False)
     _compare(sim, local, 0.0)
     assert {"uplink.advertise", "uplink.unmask"} <= set(sim.wire.kind)
-    assert sim.summary()["privacy"]["secagg_rounds"] == local.summary()["privacy"]["secagg_rounds"] == 2
+    assert sim.summary()["privacy"]["secagg_rounds"] == local.summary()["privacy"]["secagg_rounds"] == (rounds or 1)

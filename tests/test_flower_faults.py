@@ -141,7 +141,8 @@ def test_opfgl_missing_client_is_reported_or_left_out(shared_root):
     ("scaffold", {"rounds": 2, "secure_aggregation": True}),
     ("opfgl", {"secure_aggregation": True}),
     ("fedavg", {"rounds": 2, "secure_aggregation": True, "dp_noise": 0.5, "secagg_dropout": 0.25, "dp_seeded_noise": True}),
-    ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0, "dp_seeded_noise": True}),      # FedPG's server needs each upload: local DP, no secagg
+    ("fedpg", {"rounds": 2, "upload": "class_sums", "secure_aggregation": True}),   # FedPG's summable form (50_fedpg)
+    ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0, "dp_seeded_noise": True}),      # the paper's form needs each upload: local DP
 ])
 def test_privacy_on_flower_matches_in_process(algorithm, settings_, shared_root):
     """Secure aggregation (the protocol's four steps as `query.uplink` messages between the ServerApp and the nodes) and

@@ -5,7 +5,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from fglit.federation import ConfigError, run
+from fglit.federation import ConfigError, get_algorithm, run
+from fglit.fl.config import make_config
 from fglit.secagg import (PRIME, FixedPoint, FixedPointOverflow, MessageRejected, SecAggParams, ThresholdError,
                           _signed, group_threshold, make_identities, neighbour_graph, secagg_plus_degree,
                           secure_sum, shamir_reconstruct, shamir_share, view_contains)
@@ -130,6 +131,12 @@ def test_sums_only_false_algorithm_refuses_secure_aggregation(shared_root):
     for algo in ("fedtgp", "gcfl"):
         with pytest.raises(ConfigError, match=f"{algo} cannot run under secure aggregation"):
             run(algo, cora, "louvain", 3, rounds=1, seeds=[0], progress=False, settings={"secure_aggregation": True})
+    # FedPG decides by its settings: the paper's form is refused, with the setting that makes it summable named
+    with pytest.raises(ConfigError, match="fedpg cannot run under secure aggregation.*with upload=class_sums only"):
+        run("fedpg", cora, "louvain", 3, rounds=1, seeds=[0], progress=False, settings={"secure_aggregation": True})
+    fedpg = get_algorithm("fedpg")
+    assert not fedpg.takes_sums() and fedpg.takes_sums(make_config(fedpg.config, {"upload": "class_sums"}))
+    assert get_algorithm("fedavg").takes_sums() and not get_algorithm("gcfl").takes_sums()
 
 
 def test_fedavg_and_fedproto_unchanged_under_secure_aggregation(shared_root):

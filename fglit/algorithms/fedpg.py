@@ -26,7 +26,7 @@ from ..models import SparseOperand, knn_graph, spmm
 __all__ = ['HOP_MODES', 'FEDPG', 'FedPGConfig', 'model_depth', 'hop_pairs', 'class_operand', 'centre_contexts',
            'topology_prototypes', 'NeighbourAttention', 'alignment_loss', 'node_alignment_loss', 'annotate',
            'FedPGClient', 'cosine_margin', 'query_set', 'gpg_contrastive_loss', 'match_prototype_norms',
-           'client_similarity', 'personalised_prototypes', 'FedPGServer']
+           'client_similarity', 'personalised_prototypes', 'FedPGServer', 'fedpg_takes_sums']
 
 # %% ../../nbs/50_fedpg.ipynb #efcffba9
 HOP_MODES = ("within", "exact")
@@ -63,6 +63,7 @@ class FedPGConfig(FedConfig):
     align: Literal["euclidean", "cosine"] = "cosine"   # L_proto distance: euclidean (Eq. 6's norm) or cosine (1 - cos, scale-free)
     align_eval_mode: bool = True      # L_proto on prototypes of a dropout-free forward (as uploaded); False: the training forward's
     align_level: Literal["prototype", "node"] = "prototype"   # L_proto between prototypes (Eq. 6) or between each centre's context and its class's prototype (node)
+    upload: Literal["prototypes", "class_sums"] = "prototypes"   # each client's prototypes (the paper), or their count-weighted sums, pooled: the form that runs under secure aggregation
 
 # %% ../../nbs/50_fedpg.ipynb #0ea0a17b
 def model_depth(model: nn.Module) -> int:
@@ -276,6 +277,8 @@ class FedPGClient(Client):
 
     def reply(self) -> Message:
         protos, counts = self.local_prototypes()
+        if self.config.upload == "class_sums":           # summable: n_{c,h} P_{c,h} and n_{c,h}
+            return {"proto_sums": (protos * counts.unsqueeze(-1)).float(), "counts": counts.float()}
         return {"protos": protos.float(), "counts": counts}
 
     def local_step(self, message: Message, rnd: int) -> Message:
@@ -383,6 +386,7 @@ class FedPGServer(Server):
             C, H = spec.num_classes, self.hops + 1
             self.generator = TrainablePrototypes(C * H, self.dim, config.server_hidden).to(get_device())
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=config.server_lr)
+        self.draws = torch.Generator().manual_seed((seed + 2) % 2**63)     # cross-hop sampling: the server's own stream
         self.shape = (C, H, self.dim)
         self.seen = torch.zeros(C, H, dtype=torch.bool, device=get_device())
         self.universal: Tensor | None = None
@@ -412,23 +416,37 @@ class FedPGServer(Server):
             self.optimizer.zero_grad(); loss.backward(); self.optimizer.step()
             self.server_loss = loss.item()
 
+    def uploads(self, replies: dict[int, Message]) -> tuple[Tensor, Tensor]:
+        """(prototypes `[K, C, H, p]`, counts `[K, C, H]`) of this round: one row per client, or with `upload="class_sums"`
+        one pooled row, the count-weighted mean of every client's (c, h) prototype (all a secure aggregate reveals)."""
+        dev, msgs = self.seen.device, [replies[c] for c in sorted(replies)]
+        if self.config.upload == "class_sums":
+            sums = sum(m["proto_sums"].to(dev) for m in msgs)
+            n = sum(m["counts"].to(dev) for m in msgs).round()
+            return (sums / n.clamp_min(1).unsqueeze(-1)).unsqueeze(0), n.long().unsqueeze(0)
+        return (torch.stack([m["protos"] for m in msgs]).detach().to(dev), torch.stack([m["counts"] for m in msgs]).to(dev))
+
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
-        cids = sorted(replies)
-        protos = torch.stack([replies[c]["protos"] for c in cids]).detach().to(self.seen.device)   # [K, C, H, p]
-        counts = torch.stack([replies[c]["counts"] for c in cids]).to(self.seen.device)       # [K, C, H]
+        protos, counts = self.uploads(replies)
+        pooled = self.config.upload == "class_sums"
+        cids = [c.cid for c in self.clients] if pooled else sorted(replies)
         mask = counts > 0
         if not bool(mask.any()):
             return
         self.margins = cosine_margin(protos, mask, self.config.eps)
-        self.train_generator(*query_set(protos, mask, self.config.cross_hop_ratio))
+        self.train_generator(*query_set(protos, mask, self.config.cross_hop_ratio, self.draws))
         with torch.no_grad():
             universal = self.anchors()
             self.universal = match_prototype_norms(universal, protos, mask) if self.config.match_norms else universal
             self.seen |= mask.any(0)
-            self.similarity = client_similarity(protos, mask)
+            self.similarity = None if pooled else client_similarity(protos, mask)
             fused = personalised_prototypes(protos, counts, self.universal, self.config.glb_alpha, self.config.fusion_lambda)
-        self.personal = {c: fused[i] for i, c in enumerate(cids)}
+        self.personal = {c: fused[0 if pooled else i] for i, c in enumerate(cids)}
+
+def fedpg_takes_sums(config) -> bool:
+    "with upload=class_sums only"
+    return config.upload == "class_sums"
 
 FEDPG = register_algorithm("fedpg", FedPGClient, FedPGServer, FedPGConfig,
-                           paper="Wu, Li, Zhu, Li, Wang & Zhou, Federated Prototype Graph Learning", sums_only=False,
-                           sums=SumSpec(public=("counts",)))     # local DP only: its server needs each client's prototypes
+                           paper="Wu, Li, Zhu, Li, Wang & Zhou, Federated Prototype Graph Learning", sums_only=fedpg_takes_sums,
+                           sums=SumSpec(public=("counts",)))     # the counts are not noised under DP (as FedProto's)

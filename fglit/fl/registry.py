@@ -26,9 +26,15 @@ class Algorithm:
     server: type
     config: type
     paper: str = ""
-    sums_only: bool = True
+    sums_only: bool | Callable[[Any], bool] = True   # or a function of the run's config (its docstring says when)
     dataset_defaults: Callable[[str, str], dict] | None = None   # (dataset, partition) -> settings
     sums: Any = None    # what secure aggregation sums (a `fglit.secagg.SumSpec`); None: nothing declared
+
+    def takes_sums(self, config=None) -> bool:
+        "Whether the server needs only sums of the replies under `config` (the algorithm's defaults if None)."
+        if not callable(self.sums_only):
+            return bool(self.sums_only)
+        return bool(self.sums_only(self.config() if config is None else config))
 
     def defaults_for(self, dataset: str, partition: str) -> dict:
         "The paper's settings for this dataset and partition (the config's defaults otherwise)."
@@ -43,7 +49,7 @@ def package_modules(package: str) -> tuple[str, ...]:
 
 ALGORITHM_MODULES = package_modules("fglit.algorithms")
 
-def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool = True,
+def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool | Callable = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None, sums: Any = None) -> Algorithm:
     "Make an algorithm available to `run` and the CLI under `name`; `sums`: what secure aggregation sums of its replies (`fglit.secagg.SumSpec`)."
     algo = Algorithm(name.lower(), client, server, config, paper, sums_only, dataset_defaults, sums)
