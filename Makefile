@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-long test-gpu check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
+.PHONY: setup demo test test-long test-gpu package-check check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
 	reproduce-gpfl reproduce-fedpg reproduce-authors
 JOBS ?= 2
 
@@ -35,6 +35,10 @@ test: setup check-sync docs-proc
 # The tests `make test` leaves out for time: O-pFGL deployed over real SuperNode processes on loopback.
 test-long: setup
 	$(BIN)/python -m pytest tests -q -m long
+
+# The package as a user installs it: sdist and wheel built, the wheel in a fresh venv, fglit run from outside the repo.
+package-check:
+	PYTHON=$(PYTHON) bash .ci/wheel_check.sh
 
 # Everything again on a CUDA device, GPU-only cells and tests included (needs a GPU machine).
 test-gpu: setup

@@ -25,6 +25,7 @@ setuptools.setup(
     author=cfg["author"],
     author_email=cfg["author_email"],
     license=license_expression,
+    license_files=["LICENSE"],
     url=cfg["git_url"],
     keywords=cfg["keywords"].split(),
     classifiers=[
@@ -38,7 +39,9 @@ setuptools.setup(
     package_data={cfg["lib_path"] + ".paper_numbers": ["*.csv"]},     # the papers' printed numbers (fglit.reproduction.load_paper_numbers)
     python_requires=">=" + min_python,
     install_requires=cfg["requirements"].split(),
-    extras_require={"dev": cfg["dev_requirements"].split()},
+    extras_require={"flower": cfg["flower_requirements"].split(), "simulation": cfg["simulation_requirements"].split(),
+                    "plots": cfg["plots_requirements"].split(),
+                    "dev": cfg["dev_requirements"].split() + cfg["simulation_requirements"].split() + cfg["plots_requirements"].split()},
     entry_points={
         "console_scripts": cfg["console_scripts"].split(),
         "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],

@@ -352,7 +352,9 @@ def _partition_help() -> str:
     return ", ".join(PARTITIONERS) + " (also: " + ", ".join(f"{a} = {m}" for a, m in PARTITION_ALIASES.items()) + ")"
 
 def build_parser() -> argparse.ArgumentParser:
+    from fglit import __version__
     parser = argparse.ArgumentParser(prog="fglit", description="fglit: federated graph learning, reproduced.")
+    parser.add_argument("--version", action="version", version=f"fglit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("datasets", help="list the registered datasets and whether they are under the data root")
     p.add_argument("--root", default=None, help="data root (default: $FGLIT_DATA, else the per-user folder)")
@@ -456,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (DatasetError, UsageError) as err:
         print(f"fglit: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:            # an optional part (fglit.core.EXTRAS) this command needs
+        from fglit.core import EXTRAS
+        top = (err.name or "").split(".")[0]
+        if top not in EXTRAS: raise
+        print(f"fglit: error: this command needs {top}, which comes with fglit's '{EXTRAS[top]}' extra: "
+              f"pip install 'fglit[{EXTRAS[top]}]'", file=sys.stderr)
         return 2
     except Exception as err:
         if not _user_facing(err): raise

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch', 'default_data_root',
-           'data_root', 'cache_dir', 'is_writable']
+__all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch',
+           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'optional_import', 'pyplot']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
 @lru_cache(maxsize=None)
@@ -97,3 +97,33 @@ def is_writable(path: str | os.PathLike) -> bool:
         p = p.parent
     mode = p.stat().st_mode
     return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(p, os.W_OK)
+
+# %% ../nbs/00_core.ipynb #b8ea3f0a
+EXTRAS = {"matplotlib": "plots", "seaborn": "plots", "flwr": "flower", "ray": "simulation"}   # top-level module -> extra
+
+def optional_import(module: str):
+    "Import `module` (e.g. `matplotlib.pyplot`); if it is missing, a `ModuleNotFoundError` that names the extra to install."
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        top = (err.name or module).split(".")[0]
+        extra = EXTRAS.get(top)
+        if extra is None: raise
+        raise ModuleNotFoundError(f"{module} is not installed; it comes with fglit's '{extra}' extra: "
+                                  f"pip install 'fglit[{extra}]'", name=top) from None
+
+def pyplot():
+    "matplotlib's pyplot, imported on first use (the `plots` extra)."
+    return optional_import("matplotlib.pyplot")
+
+def _progress_bar_class():
+    "tqdm's notebook bars where ipywidgets can draw them, else its text bars (tqdm.auto warns in a kernel without ipywidgets)."
+    import importlib.util
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm as bar
+    else:
+        from tqdm.std import tqdm as bar
+    return bar
+
+tqdm = _progress_bar_class()    # fglit's progress bars

@@ -18,7 +18,8 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+
+from .core import tqdm
 
 # %% auto #0
 __all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS',

@@ -14,9 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from ..core import cpu_threads, reseed_torch, seed_everything
+from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
 from ..metrics import client_average, grouped_scores
 from .messages import message_floats, message_nbytes
 from .config import FedConfig

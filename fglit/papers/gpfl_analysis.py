@@ -14,7 +14,6 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -23,7 +22,7 @@ from torch import Tensor
 
 from unittest.mock import patch
 
-from ..core import cpu_threads
+from ..core import cpu_threads, pyplot
 import fglit.algorithms.gpfl as gpfl_module
 from ..federation import flat_state, run
 from ..algorithms.gpfl import (_parameter_mask, cosine_network, dataset_graph_properties, functional_embeddings,
@@ -170,7 +169,7 @@ def similarity_summary(df: pd.DataFrame) -> pd.DataFrame:
 def plot_similarity(df: pd.DataFrame, vmin: float = -1, vmax: float = 1):
     "Heat maps: one row per algorithm, one column per kind of features, one colour scale."
     algos, kinds = list(dict.fromkeys(df.algorithm)), list(dict.fromkeys(df.features))
-    fig, axes = plt.subplots(len(algos), len(kinds), figsize=(3.4 * len(kinds), 3 * len(algos)), squeeze=False)
+    fig, axes = pyplot().subplots(len(algos), len(kinds), figsize=(3.4 * len(kinds), 3 * len(algos)), squeeze=False)
     summ = similarity_summary(df).set_index(["algorithm", "features"])
     for r, a in enumerate(algos):
         for c, kind in enumerate(kinds):
@@ -255,7 +254,7 @@ def plot_networks(nets: pd.DataFrame, matrix: str = "A", dataset: str | None = N
     if clients: n = n[n.clients == clients]
     if note: n = n[n.note == note]
     variants = [v for v in ABLATION if v in set(n.method)]
-    fig, axes = plt.subplots(1, len(variants), figsize=(3.3 * len(variants), 3.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(variants), figsize=(3.3 * len(variants), 3.2), squeeze=False)
     for ax, v in zip(axes[0], variants):
         M = _matrix(n[n.method == v], "value"); np.fill_diagonal(M, np.nan)
         im = ax.imshow(M, cmap="viridis"); ax.set_title(v, fontsize=9); fig.colorbar(im, ax=ax, shrink=0.7)
@@ -289,7 +288,7 @@ def plot_fig1(df: pd.DataFrame):
     "Accuracy vs number of clients, one panel per level, one line per method."
     d = df.assign(level=df.note.str.split().str[0])
     levels = [l for l in FIG1_LEVELS if l in set(d.level)]
-    fig, axes = plt.subplots(1, len(levels), figsize=(4 * len(levels), 3.6), squeeze=False, sharey=True, layout="constrained")
+    fig, axes = pyplot().subplots(1, len(levels), figsize=(4 * len(levels), 3.6), squeeze=False, sharey=True, layout="constrained")
     for ax, lvl in zip(axes[0], levels):
         for m, g in d[d.level == lvl].groupby("method", sort=False):
             g = g.groupby("clients").accuracy.mean()
@@ -366,7 +365,7 @@ def plot_init_and_learning(df: pd.DataFrame):
     lab = o.dataset + "\nk=" + o.clients.astype(str)
     five = df[df.phase == "graph properties without closeness (clients)"].set_index(["dataset", "clients"]).seconds
     x = np.arange(len(o)); w = 0.2
-    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(8, 3.6), layout="constrained")
     ax.bar(x - 1.5 * w, o["property init (s)"], w, label="property init (once)")
     ax.bar(x - 0.5 * w, [five.get((d, k), np.nan) for d, k in zip(o.dataset, o.clients)], w, label="... of it: the five non-closeness properties")
     ax.bar(x + 0.5 * w, o["GAE per round (s)"], w, label="network learning (per round)")
@@ -426,7 +425,7 @@ def scaling_fits(df: pd.DataFrame) -> pd.DataFrame:
 def plot_round_breakdown(df: pd.DataFrame):
     "Fig. 6 (b): one round's seconds by step (horizontal bars)."
     d = df[df.part != "check"]
-    fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(7, 3), layout="constrained")
     ax.barh(d.phase, d.seconds, color=["tab:blue" if p == "client" else "tab:orange" for p in d.part])
     ax.invert_yaxis(); ax.set_xlabel("seconds (median)")
     ax.set_title(f"one GPFL round, {d.dataset.iloc[0]} k={d.clients.iloc[0]} (blue: clients, orange: server)", fontsize=9)
@@ -434,7 +433,7 @@ def plot_round_breakdown(df: pd.DataFrame):
 
 def plot_server_scaling(df: pd.DataFrame):
     "Fig. 6 (c): the server's seconds per round against k, with the least-squares line."
-    fig, ax = plt.subplots(figsize=(6, 3.8), layout="constrained")
+    fig, ax = pyplot().subplots(figsize=(6, 3.8), layout="constrained")
     for p, g in df.groupby("phase", sort=False):
         tot = p == "server total"
         ax.plot(g.clients, g.seconds, "o-" if not tot else "o", label=p, lw=1 if not tot else 0, ms=6 if tot else 3)
@@ -487,7 +486,7 @@ def measure_aggregation(ks=(25, 50, 75, 100), Fs=(30_000, 300_000), link_fractio
 
 def plot_aggregation(df: pd.DataFrame):
     "Dense / discrete: multiply-add ratio vs measured wall-time ratio, per k, network and F (the paper's 1.7 dashed)."
-    fig, axes = plt.subplots(1, df.parameters.nunique(), figsize=(4.5 * df.parameters.nunique(), 3.8), squeeze=False, sharey=True,
+    fig, axes = pyplot().subplots(1, df.parameters.nunique(), figsize=(4.5 * df.parameters.nunique(), 3.8), squeeze=False, sharey=True,
                              layout="constrained")
     for ax, (F_, g) in zip(axes[0], df.groupby("parameters")):
         for name, h in g.groupby("network", sort=False):
