@@ -10,6 +10,7 @@ import inspect
 import json
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 
@@ -20,9 +21,10 @@ class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'UsageError', 'cmd_datasets', 'parse_settings', 'partitions_from_files',
-           'cmd_partition', 'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms',
-           'cmd_demo', 'cmd_reproduce', 'cmd_flower_app', 'cmd_flower_local', 'build_parser', 'main']
+__all__ = ['RUN_KEYS', 'DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'UsageError', 'cmd_datasets', 'parse_settings', 'load_run_config',
+           'apply_config_file', 'run_loggers', 'partitions_from_files', 'cmd_partition', 'privacy_settings',
+           'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms', 'cmd_demo', 'cmd_reproduce', 'cmd_flower_app',
+           'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -58,6 +60,55 @@ def parse_settings(pairs: list[str] | None) -> dict:
         except json.JSONDecodeError:
             out[key.strip()] = value
     return out
+
+RUN_KEYS = {"dataset": "--dataset", "partition": "--partition", "clients": "--clients", "seeds": "--seeds", "pool": "--pool"}
+
+def load_run_config(path) -> dict:
+    """A `--config` file as one flat mapping: JSON, or YAML (`.yaml`/`.yml`); the keys of `--set` plus the run's
+    (`RUN_KEYS`, `algorithm`, `rounds`, ...). A nested `privacy` mapping (as older records have) is flattened."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config: no file {p}")
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+            data = yaml.safe_load(p.read_text())
+        else:
+            data = json.loads(p.read_text())
+    except Exception as err:        # bad JSON (a ValueError), bad YAML (yaml.YAMLError)
+        if not (isinstance(err, ValueError) or type(err).__module__.startswith("yaml")): raise
+        raise UsageError(f"--config {p}: cannot be read ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {p}: expected a mapping of settings, got {type(data).__name__}")
+    privacy = data.pop("privacy", None)
+    return {**(privacy if isinstance(privacy, dict) else {}), **data}
+
+def apply_config_file(args) -> dict:
+    "Read `args.config` (if any): the run's keys go to `args` unless typed as flags; returns the settings, which `--set` and flags override."
+    if not getattr(args, "config", None):
+        if getattr(args, "dataset", None) is None: raise UsageError("--dataset is required (or a --config file that names one)")
+        return {}
+    data = load_run_config(args.config)
+    algorithm = data.pop("algorithm", None)
+    if algorithm is not None and str(algorithm).lower() != args.algorithm.lower():
+        raise UsageError(f"--config {args.config} is a config for {algorithm}, not {args.algorithm}")
+    given = getattr(args, "given_flags", set())
+    for key, flag in RUN_KEYS.items():
+        if key in data:
+            value = data.pop(key)
+            if flag not in given and not (key == "dataset" and args.dataset is not None): setattr(args, key, value)
+    if args.dataset is None: raise UsageError(f"--dataset is required: neither the command nor {args.config} names one")
+    return data
+
+def run_loggers(args):
+    "The callback `--log-csv` / `--log-tensorboard` ask for (None without them)."
+    from fglit.fl.loop import CSVLogger, TensorBoardLogger
+    loggers = ([CSVLogger(args.log_csv)] if getattr(args, "log_csv", None) else []) + \
+              ([TensorBoardLogger(args.log_tensorboard)] if getattr(args, "log_tensorboard", None) else [])
+    if not loggers: return None
+    def log(rnd, server, clients, metrics):
+        for logger in loggers: logger(rnd, server, clients, metrics)
+    return log
 
 class _DefaultName(str):
     "A default that a command can tell from the same value typed by the user (`args.partition is DEFAULT_PARTITION`)."
@@ -124,7 +175,9 @@ def run_on_flower(args, settings: dict):
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
     from fglit.federation import ConfigError, run
-    settings = {**parse_settings(args.set), **privacy_settings(args)}
+    from_file = apply_config_file(args)
+    settings = {**from_file, **parse_settings(args.set), **privacy_settings(args)}
+    callback = run_loggers(args)
     try:
         if getattr(args, "partition", None) is DEFAULT_PARTITION and not getattr(args, "partition_file", None):
             from fglit.data import dataset_spec
@@ -135,19 +188,26 @@ def cmd_run(args) -> int:
                 raise UsageError("--partition-file runs in process; the Flower backend builds its partitions on the clients' side")
             if getattr(args, "pool", None):
                 raise UsageError("--pool trains one model on all the clients' nodes: it runs in process, not on Flower")
+            if callback is not None:
+                raise UsageError("--log-csv and --log-tensorboard log the in-process loop; on Flower's engine use --out")
             result = run_on_flower(args, settings)
         elif getattr(args, "partition_file", None):
             ds, parts = partitions_from_files(args)            # the dataset loaded once, for the files and the run
             result = run(args.algorithm, ds, parts, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None))
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
         else:
             result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None))
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
     except ConfigError as err:
         raise UsageError(str(err)) from None
-    return print_result(result, args.json)
+    code = print_result(result, args.json)
+    if getattr(args, "out", None):
+        out = result.save(args.out)
+        print(f"wrote {out}: config.json, summary.json, scores.csv, per_round.csv, per_client.csv, communication.csv",
+              file=sys.stderr if args.json else sys.stdout)
+    return code
 
 def print_result(result, as_json: bool = False) -> int:
     "Print a `RunResult` as `fglit run` does: tables, or its summary as one JSON object."
@@ -337,10 +397,10 @@ def _algorithm_names() -> list[str]:
     load_algorithms()
     return sorted(ALGORITHMS)
 
-def _add_run_arguments(p, algorithms: list[str]) -> None:
+def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) -> None:
     "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
     p.add_argument("algorithm", help=", ".join(algorithms))
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", required=dataset_required, help=None if dataset_required else "required unless --config names one")
     p.add_argument("--partition", default=DEFAULT_PARTITION, help=_partition_help())
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
@@ -373,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("run", help="a federated run of an algorithm (the main job)")
-    _add_run_arguments(p, _algorithm_names())
+    _add_run_arguments(p, _algorithm_names(), dataset_required=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--partition-file", nargs="+", metavar="FILE", dest="partition_file",
                    help="run on a partition read from FILE (.npz/.json; one for all seeds or one per seed) instead of making one; "
@@ -382,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--root", default=None)
+    p.add_argument("--config", metavar="FILE", help="settings from a JSON or YAML file (the keys of --set, and dataset, partition, clients, "
+                                                    "seeds, rounds, ...; a config.json that --out wrote); flags given here win")
+    p.add_argument("--out", metavar="DIR", help="write the run's record to DIR: config.json, summary.json and its tables")
+    p.add_argument("--log-csv", metavar="FILE", dest="log_csv", help="append every round's metrics to FILE as it runs")
+    p.add_argument("--log-tensorboard", metavar="DIR", dest="log_tensorboard", help="every round's metrics as TensorBoard scalars in DIR")
     from fglit.federation import POOLS            # already imported by _algorithm_names above
     p.add_argument("--pool", choices=POOLS,
                    help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")
@@ -454,6 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `fglit` console script; returns the exit status."
     args = build_parser().parse_args(argv)
+    args.given_flags = {t.split("=")[0] for t in (sys.argv[1:] if argv is None else argv) if t.startswith("--")}
     try:
         return args.func(args)
     except (DatasetError, UsageError) as err:

@@ -5,9 +5,13 @@
 # %% ../../nbs/fl/06_loop.ipynb #b23296c1
 from __future__ import annotations
 
+import csv
+import io
+import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -26,8 +30,8 @@ from .results import SeedRun
 
 
 # %% auto #0
-__all__ = ['SLOW_ROUND_S', 'NodeUnion', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport', 'InProcess', 'run_rounds',
-           'simulate']
+__all__ = ['SLOW_ROUND_S', 'LOG_EVERY_S', 'NodeUnion', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport', 'InProcess',
+           'run_rounds', 'simulate', 'CSVLogger', 'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
@@ -68,6 +72,21 @@ def _round_accuracy(scored: list, split: str, weighting: str) -> float:
 
 def _progress_enabled(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else bool(progress)
+
+LOG_EVERY_S = float(os.environ.get("FGLIT_LOG_EVERY", 10.0))   # away from a terminal (cluster job, nohup, pipe): one log line at most this often
+
+def _log_lines(progress: bool | None) -> bool:
+    "Whether a run prints periodic log lines: progress left unset, no terminal for a bar, and not inside a notebook kernel."
+    return progress is None and not sys.stderr.isatty() and "ipykernel" not in sys.modules
+
+def _accepts_metrics(callback: Callable) -> bool:
+    "Whether `callback` takes the round's metrics (a `metrics` parameter, or `**kwargs`)."
+    import inspect
+    try:
+        params = inspect.signature(callback).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "metrics" or p.kind is p.VAR_KEYWORD for p in params)
 
 def needs_uplink(config: FedConfig) -> bool:
     "Whether a run with `config` puts an uplink (`fglit.uplink`) between its clients and its server."
@@ -192,11 +211,11 @@ def _run_rounds(algorithm, transport, config, seed, progress, desc, callback) ->
     k = len(facts)
     per_round = max(1, int(round(config.client_fraction * k)))
     history, comm = [], []
-    show = _progress_enabled(progress)
+    show, log_lines, last_line = _progress_enabled(progress), _log_lines(progress), time.perf_counter()
     bar = tqdm(range(1, config.rounds + 1), desc=desc or algorithm.name, disable=not show, leave=False)
-    slow = False
+    slow, with_metrics = False, callback is not None and _accepts_metrics(callback)
     for rnd in bar:
-        round_start = time.perf_counter()
+        round_start, mark = time.perf_counter(), len(comm)
         drawn = list(range(k)) if per_round == k else sorted(select_rng.choice(k, per_round, replace=False).tolist())
         selected = transport.alive(drawn)
         down = server.broadcast(rnd, selected) if selected else {}
@@ -212,12 +231,20 @@ def _run_rounds(algorithm, transport, config, seed, progress, desc, callback) ->
                                      lambda step, messages, context: transport.uplink(rnd, step, messages, context))
         if replies: server.aggregate(rnd, replies)
         slow = time.perf_counter() - round_start > SLOW_ROUND_S
-        if callback is not None:
-            callback(rnd, server, transport.clients)
+        metrics = dict(seed=seed, round=rnd, clients=len(trained), bytes_up=sum(r[3] for r in comm[mark:] if r[2] == "up"),
+                       bytes_down=sum(r[3] for r in comm[mark:] if r[2] == "down"))
         if rnd % config.eval_every == 0 or rnd == config.rounds:
             scored = _evaluate(server, transport, config, task, rnd, num_classes)
             history.extend(dict(round=rnd, client=cid, split=split, **s) for cid, split, s in scored)
-            bar.set_postfix({split: f"{_round_accuracy(scored, split, config.weighting):.4f}" for split in ("val", "test")})
+            metrics.update({f"{split}_accuracy": _round_accuracy(scored, split, config.weighting) for split in ("val", "test")})
+            bar.set_postfix({split: f"{metrics[f'{split}_accuracy']:.4f}" for split in ("val", "test")})
+        metrics["seconds"] = time.perf_counter() - round_start
+        if callback is not None:
+            callback(rnd, server, transport.clients, metrics=metrics) if with_metrics else callback(rnd, server, transport.clients)
+        if log_lines and (time.perf_counter() - last_line >= LOG_EVERY_S):
+            last_line = time.perf_counter()
+            scores = "".join(f", {s} {metrics[f'{s}_accuracy']:.4f}" for s in ("val", "test") if f"{s}_accuracy" in metrics)
+            print(f"{desc or algorithm.name}: round {rnd}/{config.rounds}{scores}, {last_line - start:.0f}s", file=sys.stderr, flush=True)
         transport.round_done(rnd, trained)
     bar.close()
     return SeedRun(seed, pd.DataFrame(history), pd.DataFrame(comm, columns=["round", "client", "direction", "bytes", "floats"]),
@@ -237,3 +264,32 @@ def simulate(algorithm: Algorithm, clients_data: list, task: str, num_features: 
              callback: Callable | None = None) -> SeedRun:
     "Run one seed of `algorithm` on `clients_data` (per-client `Data` or `GraphClient`) in this process: `run_rounds` over `InProcess`."
     return run_rounds(algorithm, InProcess(clients_data, task, num_features, num_classes), config, seed, progress, desc, callback)
+
+# %% ../../nbs/fl/06_loop.ipynb #024a32bc
+class CSVLogger:
+    "A callback that appends each round's metrics to a CSV file (one row per round and seed)."
+    FIELDS = ("seed", "round", "clients", "bytes_up", "bytes_down", "seconds", "val_accuracy", "test_accuracy")
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, rnd: int, server, clients, metrics: dict) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        row = dict(metrics)
+        line = io.StringIO()
+        w = csv.DictWriter(line, fieldnames=self.FIELDS, extrasaction="ignore", lineterminator="\n")
+        if new: w.writeheader()
+        w.writerow(row)
+        with open(self.path, "a") as f: f.write(line.getvalue())     # whole lines, one write
+
+class TensorBoardLogger:
+    "A callback that writes each round's metrics as TensorBoard scalars under `log_dir` (needs the `tensorboard` package)."
+    def __init__(self, log_dir):
+        from fglit.core import optional_import
+        self.writer = optional_import("torch.utils.tensorboard").SummaryWriter(str(log_dir))
+
+    def __call__(self, rnd: int, server, clients, metrics: dict) -> None:
+        for k, v in metrics.items():
+            if k not in ("round", "seed") and v is not None: self.writer.add_scalar(f"seed{metrics['seed']}/{k}", float(v), rnd)
+        self.writer.flush()

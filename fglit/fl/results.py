@@ -122,6 +122,28 @@ class RunResult:
                     **({"privacy": self.runs[0].privacy | ({"epsilon": max(r.privacy.get("epsilon", 0) for r in self.runs)} if "epsilon" in self.runs[0].privacy else {})}
                        if self.runs[0].privacy else {}))
 
+    def run_config(self) -> dict:
+        """The run as `fglit run --config` takes it back: the algorithm, dataset, partition, clients, seeds and every
+        resolved setting (the partitioner's too), flat (privacy settings included), JSON-ready."""
+        config = {k: v for k, v in self.config.items() if k != "privacy"}
+        privacy = self.config.get("privacy") or {}
+        made = {} if "sources" in self.partition_params else dict(self.partition_params)   # a partition read from files: nothing to set
+        return dict(algorithm=self.algorithm, dataset=self.dataset, partition=self.partition, clients=self.clients,
+                    seeds=self.seeds, **({"pool": self.pool} if self.pool else {}), **made, **config, **privacy)
+
+    def save(self, out_dir) -> Path:
+        """Write the run's record to `out_dir`: `config.json` (`run_config`, which `--config` reads back), `summary.json`,
+        and the tables `scores.csv`, `per_round.csv`, `per_client.csv`, `communication.csv`. Returns the folder."""
+        import json
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(self.run_config(), indent=1, default=float) + "\n")
+        (out / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=float) + "\n")
+        for name, table in (("scores", self.scores()), ("per_round", self.per_round()), ("per_client", self.per_client()),
+                            ("communication", self.communication())):
+            table.to_csv(out / f"{name}.csv", index=False)
+        return out
+
     def __repr__(self) -> str:
         s = self.summary()
         return (f"RunResult({self.algorithm} on {self.dataset}, {self.partition} x{self.clients}, seeds {self.seeds}: "
