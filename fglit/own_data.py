@@ -130,8 +130,8 @@ def as_dataset(obj, task: str | None = None, name: str | None = None, root=None)
         if path.suffix in (".pt", ".pth") or path.is_file():
             return _from_file(path, task, name)
         ds = load_dataset(str(obj), root)
-    elif isinstance(obj, BenchmarkDataset):
-        ds = obj
+    elif isinstance(obj, BenchmarkDataset) or (not isinstance(obj, (Data, Dataset)) and getattr(obj, "task", None) in TASKS and hasattr(obj, "name")):
+        ds = obj                        # a fglit dataset (or one shaped like it): as it is
     elif isinstance(obj, Data):
         if task == "graph":
             raise DataFormatError("a single Data is one graph: a graph task needs a list of graphs (or a PyG dataset of them)")
