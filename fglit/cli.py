@@ -16,6 +16,7 @@ import pandas as pd
 
 from .core import data_root, get_device, seed_everything
 from .data import DatasetError, dataset_statistics, datasets_table, load_dataset
+from .own_data import as_dataset
 
 class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
@@ -37,7 +38,7 @@ def _print_table(df: pd.DataFrame, as_json: bool) -> None:
 def cmd_datasets(args) -> int:
     "List the registry (or measure the datasets named by --stats)."
     if args.stats:
-        stats = pd.DataFrame([dataset_statistics(load_dataset(n, args.root)) for n in args.stats])
+        stats = pd.DataFrame([dataset_statistics(as_dataset(n, root=args.root)) for n in args.stats])
         _print_table(stats, args.json)
         return 0
     table = datasets_table(args.root)
@@ -122,7 +123,7 @@ def partitions_from_files(args) -> tuple:
     if len(files) not in (1, len(args.seeds)):
         raise UsageError(f"--partition-file: give one file, or one per seed ({len(args.seeds)} seeds), got {len(files)}")
     like = None if getattr(args, "partition", DEFAULT_PARTITION) is DEFAULT_PARTITION else args.partition
-    ds = load_dataset(args.dataset, args.root)
+    ds = as_dataset(args.dataset, getattr(args, "task", None), root=args.root)
     try:
         return ds, [load_partition_file(ds, f, like=like) for f in files]
     except ValueError as err:
@@ -135,7 +136,7 @@ def cmd_partition(args) -> int:
         raise UsageError("partition: give --method (with --clients) to make a partition, or --file to read one")
     if args.method is not None and args.clients is None:
         raise UsageError("partition: --method needs --clients")
-    ds = load_dataset(args.dataset, args.root)
+    ds = as_dataset(args.dataset, args.task, root=args.root)
     try:
         if args.file is not None:
             part = load_partition_file(ds, args.file)
@@ -172,6 +173,11 @@ def run_on_flower(args, settings: dict):
     return replace(results[0], runs=[r for res in results for r in res.runs],
                    dropped=pd.concat([res.dropped.assign(seed=res.runs[0].seed) for res in results], ignore_index=True))
 
+def _named_dataset(dataset: str) -> None:
+    "Refuse a file where the Flower backends need a dataset name (each node loads it from its own data root)."
+    if dataset.endswith((".pt", ".pth")):
+        raise UsageError(f"--dataset {dataset}: the Flower backends load a registered dataset by name on each node; run a file in process (no --backend)")
+
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
     from fglit.federation import ConfigError, run
@@ -179,11 +185,18 @@ def cmd_run(args) -> int:
     settings = {**from_file, **parse_settings(args.set), **privacy_settings(args)}
     callback = run_loggers(args)
     try:
-        if getattr(args, "partition", None) is DEFAULT_PARTITION and not getattr(args, "partition_file", None):
+        flower = getattr(args, "backend", "inprocess") == "flower-sim"
+        if flower:
+            _named_dataset(args.dataset)
             from fglit.data import dataset_spec
+            task = dataset_spec(args.dataset, args.root).task
+        else:
+            dataset = as_dataset(args.dataset, getattr(args, "task", None), root=args.root)   # loaded once: a name, a .pt file
+            task = dataset.task
+        if getattr(args, "partition", None) is DEFAULT_PARTITION and not getattr(args, "partition_file", None):
             from fglit.federation import DEFAULT_PARTITIONS
-            args.partition = _DefaultName(DEFAULT_PARTITIONS[dataset_spec(args.dataset).task])   # the dataset's task decides
-        if getattr(args, "backend", "inprocess") == "flower-sim":
+            args.partition = _DefaultName(DEFAULT_PARTITIONS[task])   # the dataset's task decides
+        if flower:
             if getattr(args, "partition_file", None):
                 raise UsageError("--partition-file runs in process; the Flower backend builds its partitions on the clients' side")
             if getattr(args, "pool", None):
@@ -197,7 +210,7 @@ def cmd_run(args) -> int:
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
                          progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
         else:
-            result = run(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
+            result = run(args.algorithm, dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
                          progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
     except ConfigError as err:
@@ -220,6 +233,8 @@ def print_result(result, as_json: bool = False) -> int:
     pooled = f" pooled into one client ({result.pool})" if getattr(result, "pool", None) else ""
     print(f"{result.algorithm} on {result.dataset}: {result.partition} partition, {result.clients} clients{pooled}, "
           f"{summary['rounds']} rounds x {summary['local_epochs']} local epochs, model {summary['model']}, device {get_device()}")
+    if summary.get("defaults_from"):
+        print(f"per-dataset defaults: {summary['defaults_from']}")
     _print_table(scores.round(4), False)
     auc = f"AUC {format_mean_std(scores.auc)}   " if scores.auc.notna().any() else ""    # NaN: no test split with two classes
     print(f"\naccuracy {format_mean_std(scores.accuracy)}   F1-macro {format_mean_std(scores.f1_macro)}   {auc}"
@@ -336,7 +351,8 @@ def _flower_spec(args, settings: dict):
     extra = {k: v for k, v in (("rounds", args.rounds), ("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
     run = FlowerRun(args.algorithm, args.dataset, args.partition, args.clients, args.seed, {**settings, **extra},
                     root=args.root or "", timeout=args.timeout, min_clients=args.min_clients, result=getattr(args, "result", None) or "")
-    ds = dataset_spec(args.dataset)
+    _named_dataset(args.dataset)
+    ds = dataset_spec(args.dataset, args.root)
     try:
         if args.clients < 1: raise ConfigError(f"--clients must be >= 1, got {args.clients}")
         if not 0 <= args.min_clients <= args.clients:
@@ -400,7 +416,10 @@ def _algorithm_names() -> list[str]:
 def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) -> None:
     "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
     p.add_argument("algorithm", help=", ".join(algorithms))
-    p.add_argument("--dataset", required=dataset_required, help=None if dataset_required else "required unless --config names one")
+    p.add_argument("--dataset", required=dataset_required,
+                   help="a registered name, a name PyG knows (texas, COX2, ...) or a file written by torch.save (.pt)"
+                        + ("" if dataset_required else "; required unless --config names one"))
+    p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: one graph = node, several = graph)")
     p.add_argument("--partition", default=DEFAULT_PARTITION, help=_partition_help())
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
@@ -422,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", nargs="+", metavar="NAME", help="load these datasets and print measured statistics")
     p.set_defaults(func=cmd_datasets)
     p = sub.add_parser("partition", help="partition a dataset into clients and print the per-client report")
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", required=True, help="a registered name, a name PyG knows or a file written by torch.save (.pt)")
+    p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: inferred)")
     p.add_argument("--method", help=_partition_help())
     p.add_argument("--clients", type=int)
     p.add_argument("--file", help="read a partition file (.npz / .json, see fglit.partition.load_partition_file) instead of making one")

@@ -26,9 +26,9 @@ from torch_geometric.utils import degree, is_undirected, to_undirected
 from .core import cache_dir, data_root, is_writable
 
 # %% auto #0
-__all__ = ['LOADERS', 'REGISTRY', 'DatasetError', 'UnknownDatasetError', 'DatasetNotFoundError', 'RawLayout', 'DatasetSpec',
-           'HeterophilyNpzDataset', 'gin_text_to_tu', 'dataset_names', 'dataset_spec', 'BenchmarkDataset',
-           'load_dataset', 'datasets_table', 'edge_homophily', 'dataset_statistics']
+__all__ = ['LOADERS', 'REGISTRY', 'PYG_NODE_NAMES', 'TU_NAMES', 'DatasetError', 'UnknownDatasetError', 'DatasetNotFoundError',
+           'RawLayout', 'DatasetSpec', 'HeterophilyNpzDataset', 'gin_text_to_tu', 'dataset_names', 'dataset_spec',
+           'pyg_spec', 'BenchmarkDataset', 'load_dataset', 'datasets_table', 'edge_homophily', 'dataset_statistics']
 
 # %% ../nbs/00_data.ipynb #afe509ee
 class DatasetError(Exception):
@@ -183,6 +183,8 @@ LOADERS: dict[str, Callable] = {
     "Reddit": lambda root, spec, layout: pyg_datasets.Reddit(str(root / spec.folder)),
     "Reddit2": lambda root, spec, layout: pyg_datasets.Reddit2(str(root / spec.folder)),
     "Actor": lambda root, spec, layout: pyg_datasets.Actor(str(root / spec.folder)),
+    "WebKB": lambda root, spec, layout: pyg_datasets.WebKB(str(root), spec.folder),
+    "WikipediaNetwork": lambda root, spec, layout: pyg_datasets.WikipediaNetwork(str(root), spec.folder, geom_gcn_preprocess=False),
     "LINKX": lambda root, spec, layout: pyg_datasets.LINKXDataset(str(root), spec.folder),
     "Heterophilous": lambda root, spec, layout: pyg_datasets.HeterophilousGraphDataset(str(root), spec.folder),
     "HeterophilyNpz": lambda root, spec, layout: HeterophilyNpzDataset(str(root), spec.folder),
@@ -257,12 +259,43 @@ def dataset_names() -> list[str]:
     "Names of every registered dataset, in registry order."
     return [s.name for s in REGISTRY]
 
-def dataset_spec(name: str) -> DatasetSpec:
-    "The registry entry for `name` (case-insensitive; aliases such as `ogbn_arxiv` accepted)."
-    spec = _BY_KEY.get(str(name).strip().lower())
+def dataset_spec(name: str, root: str | Path | None = None) -> DatasetSpec:
+    "The registry entry for `name` (case-insensitive; aliases such as `ogbn_arxiv` accepted), else the entry of a name PyG's classes know (see below)."
+    spec = _BY_KEY.get(str(name).strip().lower()) or pyg_spec(name, root)
     if spec is None:
-        raise UnknownDatasetError(f"unknown dataset {name!r}; known datasets: {', '.join(dataset_names())}")
+        tu = f"{name}/raw/{name}_A.txt" if str(name).strip() else "<name>/raw/<name>_A.txt"
+        raise UnknownDatasetError(f"unknown dataset {name!r}: not in the registry, not a WebKB/WikipediaNetwork/TU name PyG knows, "
+                                  f"and no TU files ({tu}) under {data_root(root)}; known datasets: {', '.join(dataset_names())}")
     return spec
+
+# %% ../nbs/00_data.ipynb #3f6bedba
+PYG_NODE_NAMES = {"cornell": "WebKB", "texas": "WebKB", "wisconsin": "WebKB", "crocodile": "WikipediaNetwork"}
+TU_NAMES = ("AIDS", "BZR", "BZR_MD", "COX2", "COX2_MD", "DHFR", "DHFR_MD", "ER_MD", "FRANKENSTEIN", "Mutagenicity", "NCI109",
+            "PTC_MR", "PTC_FM", "PTC_FR", "PTC_MM", "REDDIT-BINARY", "REDDIT-MULTI-5K", "REDDIT-MULTI-12K", "github_stargazers",
+            "reddit_threads", "twitch_egos", "deezer_ego_nets", "COIL-DEL", "COIL-RAG", "Letter-high", "Letter-low", "Letter-med",
+            "MSRC_9", "MSRC_21", "SYNTHETIC", "SYNTHETICnew", "Synthie", "TRIANGLES", "KKI", "OHSU", "Peking_1", "FIRSTMM_DB")
+_TU_BY_KEY = {n.lower(): n for n in TU_NAMES}
+
+def _tu_layouts(name: str) -> tuple[RawLayout, ...]:
+    files = lambda folder: tuple(f"{folder}/{name}_{s}.txt" for s in ("A", "graph_indicator", "graph_labels"))
+    return (RawLayout(files("raw")), RawLayout(files("raw_cleaned"), "cleaned", "TU 'cleaned' version: isomorphic duplicates removed"))
+
+def pyg_spec(name: str, root: str | Path | None = None) -> DatasetSpec | None:
+    "An entry for a dataset PyG's WebKB, WikipediaNetwork or TUDataset classes know (not in the registry), or None."
+    key = str(name).strip()
+    source = PYG_NODE_NAMES.get(key.lower())
+    if source == "WebKB":
+        files = ("raw/out1_node_feature_label.txt", "raw/out1_graph_edges.txt") + tuple(f"raw/{key.lower()}_split_0.6_0.2_{i}.npz" for i in range(10))
+        return DatasetSpec(key.lower(), "node", source, key.lower(), (RawLayout(files),), description="WebKB web-page graph (PyG WebKB)")
+    if source == "WikipediaNetwork":
+        return DatasetSpec(key.lower(), "node", source, key.lower(), (RawLayout((f"raw/{key.lower()}.npz",)),), description="Wikipedia page graph (PyG WikipediaNetwork)")
+    tu = _TU_BY_KEY.get(key.lower())
+    if tu is None and key and "/" not in key and key not in (".", ".."):
+        layouts = _tu_layouts(key)
+        tu = key if any(all(p.is_file() for p in DatasetSpec(key, "graph", "TU", key, (l,)).expected_files(data_root(root))) for l in layouts) else None
+    if tu is None:
+        return None
+    return DatasetSpec(tu, "graph", "TU", tu, _tu_layouts(tu), description="TU graph collection (PyG TUDataset)")
 
 # %% ../nbs/00_data.ipynb #777cd3fd
 def _root_key(root: Path) -> str:
@@ -396,8 +429,8 @@ def _new_dirs(path: Path) -> list[Path]:
 
 def load_dataset(name: str, root: str | Path | None = None, download: bool = True, verbose: bool = False) -> BenchmarkDataset:
     "Load a registered benchmark from `root` (argument, else `FGLIT_DATA`, else the per-user default); download only if absent."
-    spec = dataset_spec(name)
     root = data_root(root)
+    spec = dataset_spec(name, root)
     candidates = [root] if is_writable(root) else [root, cache_dir() / "downloads"]
     found = next(((r, l) for r in candidates for l in [spec.layout_present(r)] if l is not None), None)
     with _dataset_lock(spec):

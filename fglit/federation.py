@@ -92,13 +92,14 @@ def check_seeds(seeds) -> list[int]:
 def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
-        pool: str | None = None) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients)` after each aggregation; `pool`: one client holding every client's nodes, see `POOLS`)."
-    from fglit.data import load_dataset
+        pool: str | None = None, task: str | None = None, out=None) -> RunResult:
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients[, metrics=])` after each round (see `fglit.fl.loop`); `out`: a folder for the run's record (`RunResult.save`); `pool`: one client holding every client's nodes, see `POOLS`; `dataset`: a name, a `.pt` file, a PyG `Data`, list of `Data` or dataset, see `as_dataset`, of `task`)."
+    from fglit.own_data import as_dataset, defaults_profile
     from fglit.partition import canonical_method, partition as make_partition
     algo = get_algorithm(algorithm)
     commit = git_commit()               # the code the run starts with (asked once per process)
-    ds = load_dataset(dataset, root) if isinstance(dataset, str) else dataset
+    ds = as_dataset(dataset, task, root=root)
+    defaults_name, defaults_why = defaults_profile(ds)
     seeds = check_seeds(seeds)
     if partition is None: partition = DEFAULT_PARTITIONS[ds.task]
     given = _given_partitions(partition, seeds, ds)
@@ -111,7 +112,7 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
     for key, value in (("rounds", rounds), ("local_epochs", local_epochs), ("model", model)):
         if value is not None:
             settings[key] = value
-    config, part_params = resolve_run_config(algo, ds.name, ds.task, defaults_from, settings)
+    config, part_params = resolve_run_config(algo, defaults_name, ds.task, defaults_from, settings)
     if given is not None and part_params:
         raise ConfigError(f"partition settings {sorted(part_params)} cannot change a partition that was given")
     if pool is not None and pool not in POOLS:
@@ -135,4 +136,6 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
     if given is not None:
         part_params = dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
-    return RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, commit, pool)
+    result = RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, commit, pool, defaults_why)
+    if out is not None: result.save(out)
+    return result

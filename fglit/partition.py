@@ -124,9 +124,9 @@ def _save_cached(path: Path, key: str, p: Partition) -> None:
         if tmp.exists():
             tmp.unlink()
 
-def partition_path(dataset, method: str, num_clients: int, seed: int = 0, **params) -> Path:
+def partition_path(dataset, method: str, num_clients: int, seed: int = 0, *, task: str | None = None, **params) -> Path:
     "Where `partition` caches this partition."
-    src = _as_source(dataset)
+    src = _source(dataset, task)
     fn = _method_fn(src, method)
     norm = _normalised_params(fn, src, num_clients, seed, params)
     key = partition_key(src, method, num_clients, seed, norm)
@@ -146,10 +146,18 @@ def canonical_method(method: str) -> str:
     name = str(method).strip().lower()
     return PARTITION_ALIASES.get(name, name)
 
-def partition(dataset, method: str, num_clients: int, seed: int = 0, *, cache: bool = True, **params) -> Partition:
-    "Partition `dataset` into `num_clients` clients with `method` (see `NODE_METHODS`, `GRAPH_METHODS`; aliases in `PARTITION_ALIASES`), cached on disk."
+def _source(dataset, task: str | None = None):
+    "What the partitioners read: a fglit dataset as it is, anything else through `as_dataset` (a name, a file, a PyG Data, list or dataset)."
+    from torch_geometric.data import Data, Dataset
+    if task is None and hasattr(dataset, "task") and not isinstance(dataset, (Data, Dataset)):   # PyG's FakeDataset has a .task of its own
+        return _as_source(dataset)
+    from fglit.own_data import as_dataset
+    return _as_source(as_dataset(dataset, task))
+
+def partition(dataset, method: str, num_clients: int, seed: int = 0, *, cache: bool = True, task: str | None = None, **params) -> Partition:
+    "Partition `dataset` (see `as_dataset`; `task` when not inferred) into `num_clients` clients with `method` (see `NODE_METHODS`, `GRAPH_METHODS`; aliases in `PARTITION_ALIASES`), cached on disk."
     method = canonical_method(method)
-    src = _as_source(dataset)
+    src = _source(dataset, task)
     fn = _method_fn(src, method)
     norm = _normalised_params(fn, src, num_clients, seed, params)
     if not cache:

@@ -33,6 +33,12 @@ def test_out_writes_a_record_that_config_reads_back(shared_root, tmp_path, capsy
     assert rounds["round"].tolist() == [1, 2] and (rounds.test_accuracy - per_round.test_accuracy).abs().max() < 1e-12
 
 
+def test_run_out_in_python(shared_root, tmp_path):
+    from fglit.federation import run
+    r = run("fedavg", "Cora", "louvain", 3, rounds=1, root=shared_root, progress=False, out=tmp_path / "rec")
+    assert json.loads((tmp_path / "rec" / "summary.json").read_text())["accuracy_mean"] == r.summary()["accuracy_mean"]
+
+
 def test_yaml_config_and_flags_override_it(shared_root, tmp_path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("dataset: Cora\nclients: 3\nrounds: 1\nlr: 0.05\nseeds: [1]\n")

@@ -82,6 +82,7 @@ class RunResult:
     runs: list[SeedRun]
     commit: str | None = None
     pool: str | None = None         # 'centralised' / 'pooled': one model on `Partition.union` (see `run`)
+    defaults_from: str | None = None   # why these per-dataset defaults, for a dataset the registry does not know (`fglit.own_data.defaults_profile`)
 
     @property
     def seeds(self) -> list[int]: return [r.seed for r in self.runs]
@@ -118,6 +119,7 @@ class RunResult:
                     floats_down=int(comm.loc[comm.direction == "down", "floats"].sum()) // n,
                     wall_time_s=float(s["wall_time_s"].mean()), config=self.config,
                     partition_params=self.partition_params, commit=self.commit, **({"pool": self.pool} if self.pool else {}),
+                    **({"defaults_from": self.defaults_from} if self.defaults_from else {}),
                     per_client=per_client.to_dict(orient="records"),
                     **({"privacy": self.runs[0].privacy | ({"epsilon": max(r.privacy.get("epsilon", 0) for r in self.runs)} if "epsilon" in self.runs[0].privacy else {})}
                        if self.runs[0].privacy else {}))
