@@ -111,7 +111,9 @@ def check_graph_partition(p: Partition, graphs, folds=None):
     for i, c in enumerate(p.clients):
         assert len(c) > 0
         assert torch.equal(c.y, torch.tensor([int(graphs[g].y) for g in c.global_id.tolist()]))
-        assert all(c.graphs[j] is graphs[g] for j, g in enumerate(c.global_id.tolist()))
+        # the client's graphs are the inputs (collated copies since `as_dataset`: the same edges and features)
+        assert all(torch.equal(c.graphs[j].edge_index, graphs[g].edge_index) and torch.equal(c.graphs[j].x, graphs[g].x.float())
+                   for j, g in enumerate(c.global_id.tolist()))
         masks = torch.stack([c.train_mask, c.val_mask, c.test_mask]).long()
         assert bool((masks.sum(0) == 1).all())
         if folds:
