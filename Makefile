@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-long test-gpu package-check check-sync docs-proc readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
+.PHONY: setup demo test test-long test-gpu package-check check-sync docs-proc docs readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
 	reproduce-gpfl reproduce-fedpg reproduce-authors
 JOBS ?= 2
 
@@ -53,9 +53,14 @@ check-sync: setup
 		echo "check-sync: fglit/, nbs/ and README.md are in sync with the notebooks"; rm -rf $$tmp; \
 	else echo "check-sync: out of sync (the diff above); run nbdev_export, nbdev_clean and .ci/nb2readme.py, then commit"; rm -rf $$tmp; exit 1; fi
 
-# What `nbdev_proc_nbs` does, without its Quarto installer (Quarto cannot be installed offline).
+# What `nbdev_proc_nbs` does, without its Quarto installer (Quarto cannot be installed offline); then every page
+# rendered to _site/ without Quarto and checked (no leaked directives or Quarto attributes, no local paths, no
+# warnings, every figure): .ci/render_docs.py. With Quarto installed, `nbdev_docs` renders _proc/ as usual.
 docs-proc: setup
 	$(BIN)/python .ci/proc_docs.py
+	$(BIN)/python .ci/render_docs.py
+
+docs: docs-proc
 
 readme: setup
 	$(BIN)/python .ci/nb2readme.py

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         keep = ~old.set_index(key).index.isin(new.set_index(key).index)
         new = pd.concat([old[keep], new], ignore_index=True)
     new.to_csv(out, index=False)
-    print(f"wrote {out}")
+    print(f"wrote {out.resolve().relative_to(Path(__file__).resolve().parents[1]) if out.resolve().is_relative_to(Path(__file__).resolve().parents[1]) else out}")
     return 0
 
 

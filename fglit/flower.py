@@ -93,6 +93,21 @@ def write_flwr_connection(flwr_home, address: str, name: str = "fglit", insecure
     return home / "config.toml"
 
 # %% ../nbs/07_flower.ipynb #64155ef5
+def _first_json_object(text: str) -> dict:
+    """The first JSON object in `text` ({} if none): `flwr run --format json` may print other lines, some with braces,
+    around it, and colours it (ANSI escapes) where the environment asks for colour (a notebook kernel)."""
+    import re
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    decoder, start = json.JSONDecoder(), text.find("{")
+    while start >= 0:
+        try:
+            found, _ = decoder.raw_decode(text, start)
+            if isinstance(found, dict): return found
+        except json.JSONDecodeError:
+            pass
+        start = text.find("{", start + 1)
+    return {}
+
 def free_port(host: str = "127.0.0.1") -> int:
     "A TCP port free on `host` now."
     import socket
@@ -198,7 +213,7 @@ class LocalFederation:
         out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"]
                              + (["--federation-config", " ".join(extra)] if extra else []), env=self.env, cwd=self.workdir,
                              capture_output=True, text=True, timeout=120)
-        answer = json.loads(out.stdout[out.stdout.index("{"):]) if "{" in out.stdout else {}
+        answer = _first_json_object(out.stdout)
         if out.returncode != 0 or not answer.get("success", False):
             raise FlowerRunError(f"flwr run failed ({out.returncode}): {answer.get('error-message') or out.stdout[-2000:]} {out.stderr[-2000:]}")
         self.run_id = answer.get("run-id")

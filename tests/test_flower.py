@@ -234,3 +234,12 @@ def test_secure_aggregation_in_flowers_simulation_engine(algorithm, rounds, sett
     _compare(sim, local, 0.0)
     assert {"uplink.advertise", "uplink.unmask"} <= set(sim.wire.kind)
     assert sim.summary()["privacy"]["secagg_rounds"] == local.summary()["privacy"]["secagg_rounds"] == (rounds or 1)
+
+
+def test_flwr_run_answer_is_found_among_other_output():
+    "`flwr run --format json` can print lines with braces before its answer: the first whole JSON object is the answer."
+    from fglit.flower import _first_json_object
+    assert _first_json_object('note {not json} ... {"success": true, "run-id": 7}\n{"later": 1}') == {"success": True, "run-id": 7}
+    assert _first_json_object("no answer") == {} and _first_json_object('[1, {"a": 2}]') == {"a": 2}
+    coloured = '\x1b[1m{\x1b[0m\n  \x1b[1;34m"success"\x1b[0m: \x1b[3;92mtrue\x1b[0m\n\x1b[1m}\x1b[0m\n'      # as flwr prints in a kernel
+    assert _first_json_object(coloured) == {"success": True}

@@ -253,7 +253,7 @@ def coverage(results: pd.DataFrame, per_cell: int = 15) -> pd.DataFrame:
     "Runs per Table 2 cell (method x setting) out of the paper's `per_cell` (5 folds x 3 repeats)."
     r = results.assign(setting=results.dataset + " k=" + results.clients.astype(str) + " " + results.note.str.replace(r" fold \d+", "", regex=True))
     t = r.pivot_table(index="method", columns="setting", values="accuracy", aggfunc="size").fillna(0).astype(int)
-    return t.reindex([m for m in [*METHODS, *VARIANTS] if m in t.index]).assign(total=lambda d: d.sum(1))
+    return t.reindex([m for m in [*METHODS, *VARIANTS] if m in t.index]).assign(total=lambda d: d.sum(axis=1))
 
 # %% ../../nbs/papers/31_gpfl_results.ipynb #254ea0c0
 def ordering_agreement(results: pd.DataFrame, fold: int = 0, min_methods: int = 8) -> pd.DataFrame:
