@@ -424,7 +424,12 @@ def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) 
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
     p.add_argument("--local-epochs", type=int, dest="local_epochs")
-    p.add_argument("--model")
+    p.add_argument("--model", help=_model_help())
+
+def _model_help() -> str:
+    "Every model `--model` takes: fglit's and those registered (`fglit.own_model.register_model`, entry points `fglit.models`)."
+    from fglit.models import model_names
+    return "default GCN (node tasks) or GIN (graph tasks); one of " + ", ".join(model_names())
 
 def _partition_help() -> str:
     from fglit.partition import PARTITION_ALIASES, PARTITIONERS

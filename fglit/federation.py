@@ -51,9 +51,13 @@ def resolve_run_config(algorithm: "str | Algorithm", dataset_name: str, task: st
     if config.model is None:
         config.model = "gcn" if task == "node" else "gin"
     try:
-        build_model(config.model, 2, 2, task=task)
+        probe = build_model(config.model, 2, 2, task=task)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if not getattr(probe, "has_head", True) and not getattr(algo.config, "logits_only", False):
+        plain = sorted(n for n, a in ALGORITHMS.items() if getattr(a.config, "logits_only", False))
+        raise ConfigError(f"{algo.name} needs the model's embeddings, and model {config.model!r} has no torch.nn.Linear to split "
+                          f"into encoder and head: register it with head='<submodule>', or run one of {', '.join(plain)}")
     return config, {k: v for k, v in settings.items() if k in part_keys and not is_config(k)}
 
 POOLS = ("centralised", "pooled")   # one model on all the clients' nodes, with / without the edges the partition cut

@@ -5,7 +5,10 @@
 # %% ../nbs/02_models.ipynb #f32f8a86
 from __future__ import annotations
 
+import importlib.metadata
 import time
+import types
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -26,9 +29,9 @@ _all_ = ["ADJACENCY_KINDS", "SPARSE_INPUT_DENSITY", "adjacency", "propagate_hops
 __all__ = ['POOLS', 'TASKS', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head', 'GraphModel', 'ConvEncoder', 'GCNLayer',
            'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP',
            'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
-           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'build_model', 'train_node_classifier', 'ADJACENCY_KINDS',
-           'SPARSE_INPUT_DENSITY', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm',
-           'GraphCache', 'CachedEncoder']
+           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'model_key', 'load_entry_points', 'model_names',
+           'build_model', 'train_node_classifier', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'adjacency',
+           'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
@@ -388,19 +391,45 @@ class GAMLP(GraphModel):
         super().__init__(GAMLPEncoder(in_dim, hidden, layers, dropout, K, cache_size), hidden, num_classes, task, pool, dropout)
 
 # %% ../nbs/02_models.ipynb #3642d7e4
-MODELS: dict[str, type[GraphModel]] = {"gcn": GCN, "kipfgcn": KipfGCN, "graphsage": GraphSAGE, "gat": GAT, "gin": GIN, "sgc": SGC,
+MODELS: dict[str, Callable[..., nn.Module]] = {"gcn": GCN, "kipfgcn": KipfGCN, "graphsage": GraphSAGE, "gat": GAT, "gin": GIN, "sgc": SGC,
                                        "ssgc": SSGC, "appnp": APPNP, "gcnii": GCNII, "gamlp": GAMLP, "sign": SIGN,
                                        "mlp": MLP, "gingpfl": GINGPFL}
 MODEL_NAMES: list[str] = [c.__name__ for c in MODELS.values()]
 _ALIASES = {"sage": "graphsage", "s2gc": "ssgc"}
+_LOADED_GROUPS: set[str] = set()
+
+def model_key(name: str) -> str:
+    "The `MODELS` key of a model name: lower case, without `-` and `_`, aliases resolved."
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    return _ALIASES.get(key, key)
+
+def load_entry_points(group: str) -> list[str]:
+    "Load (once per process) the entry points installed packages declare in `group`: each names a module (importing it registers) or a callable (called without arguments); one that fails warns and is skipped. Returns the names loaded."
+    if group in _LOADED_GROUPS: return []
+    _LOADED_GROUPS.add(group)
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=group):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, types.ModuleType): obj()
+            loaded.append(ep.name)
+        except Exception as err:
+            warnings.warn(f"fglit: entry point {ep.name!r} = {ep.value!r} of group {group!r} failed: {type(err).__name__}: {err}",
+                          stacklevel=2)
+    return loaded
+
+def model_names() -> list[str]:
+    "Every model `build_model` knows: the built-in ones, then those registered (`fglit.own_model.register_model`, entry points `fglit.models`)."
+    load_entry_points("fglit.models")
+    return list(MODEL_NAMES)
 
 def build_model(name: str, in_dim: int, num_classes: int, task: str = "node", hidden: int | None = None,
                 layers: int | None = None, dropout: float | None = None, **kwargs) -> GraphModel:
-    "Build the model called `name` (case-insensitive, see `MODEL_NAMES`); `None` arguments keep the model's defaults."
-    key = str(name).strip().lower().replace("-", "").replace("_", "")
-    key = _ALIASES.get(key, key)
+    "Build the model called `name` (case-insensitive, see `model_names`); `None` arguments keep the model's defaults."
+    key = model_key(name)
+    if key not in MODELS: load_entry_points("fglit.models")
     if key not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
     _check_dim("in_dim", in_dim); _check_dim("num_classes", num_classes)
     if task not in TASKS: raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     given = {k: v for k, v in dict(hidden=hidden, layers=layers, dropout=dropout).items() if v is not None}

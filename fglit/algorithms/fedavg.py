@@ -26,6 +26,7 @@ __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient
 @dataclass
 class StandaloneConfig(FedConfig):
     "Local training only."
+    logits_only = True   # any model runs, one without embeddings too (`fglit.own_model`)
     evaluation: str = "local"
 
 class StandaloneClient(Client):
@@ -40,6 +41,7 @@ register_algorithm("standalone", StandaloneClient, Server, StandaloneConfig, pap
 @dataclass
 class FedAvgConfig(FedConfig):
     "FedAvg (McMahan et al. 2017): the shared defaults; `federated_rounds` = F stops the federation after F rounds."
+    logits_only = True   # a subclass whose client uses embeddings sets it False
     federated_rounds: int = setting(0, ge=0)   # 0: every round is federated; F > 0: after F rounds the global model is sent once more and clients fine-tune locally
 
 
@@ -115,6 +117,7 @@ register_algorithm("fedavg_ft", FedAvgClient, FedAvgServer, FedAvgFinetuneConfig
 @dataclass
 class FedProxConfig(FedConfig):
     "FedProx (Li et al. 2020)."
+    logits_only = True
     mu: float = 0.01
 
 class FedProxClient(FedAvgClient):
@@ -133,6 +136,7 @@ register_algorithm("fedprox", FedProxClient, FedAvgServer, FedProxConfig, paper=
 class ScaffoldConfig(FedConfig):
     "SCAFFOLD (Karimireddy et al. 2020)."
     one_model_only = "SCAFFOLD keeps one control variate per weight of one global model"
+    logits_only = True
     global_lr: float = 1.0
     control_update: Literal["gradient", "difference"] = "gradient"   # option I; "difference" is option II (plain SGD)
 

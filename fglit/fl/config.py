@@ -133,6 +133,7 @@ class FedConfig:
     node_task_only: ClassVar[str] = ""   # why it needs node classification, e.g. "FedGTA is a node-classification method (...)"
     graph_task_only: ClassVar[str] = ""  # why it needs graph classification, e.g. "FedStar is a graph-classification method (...)"
     one_model_only: ClassVar[str] = ""   # why every client must run the same model, e.g. "FedGTA averages the clients' weights"
+    logits_only: ClassVar[bool] = False  # True: it uses only the model's logits, so any module runs (`fglit.own_model`); else it needs embeddings
 
     def validate(self) -> None:
         "Raise `ConfigError` for values out of range: the declared bounds and choices, then what involves several fields."

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config import ConfigError
+from ..models import load_entry_points
 
 
 # %% auto #0
@@ -57,9 +58,10 @@ def register_algorithm(name: str, client: type, server: type, config: type, pape
     return algo
 
 def load_algorithms() -> dict[str, Algorithm]:
-    "Import every algorithm module (each registers its algorithms) and return the registry."
+    "Import every algorithm module (each registers its algorithms), load installed packages' entry points `fglit.algorithms`, and return the registry."
     for module in ALGORITHM_MODULES:
         importlib.import_module(module)
+    load_entry_points("fglit.algorithms")
     return ALGORITHMS
 
 def get_algorithm(name: str) -> Algorithm:
