@@ -1,0 +1,51 @@
+"""fglit.synthetic at sizes a test affords, and the scale benchmark on a tiny size (CI runs only this size)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fglit.data import edge_homophily
+from fglit.fl.config import ConfigError
+from fglit.synthetic import synthetic_graph
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(50, 400), st.integers(2, 6), st.floats(0.0, 1.0), st.integers(0, 1000))
+def test_shape_labels_and_symmetry(n, classes, h, seed):
+    g = synthetic_graph(n, 4 * n, classes, 3, h, seed=seed)
+    assert g.num_nodes == n and g.x.shape == (n, 3) and g.x.dtype == torch.float32
+    assert set(g.y.tolist()) == set(range(classes))
+    ei = g.edge_index
+    assert bool((ei[0] != ei[1]).all()) and ei.size(1) % 2 == 0
+    pairs = ei[0] * n + ei[1]
+    assert torch.equal(torch.sort(pairs).values, torch.sort(ei[1] * n + ei[0]).values)        # both directions
+    assert len(torch.unique(pairs)) == ei.size(1)                                              # no repeated edge
+
+
+@pytest.mark.parametrize("h", [0.0, 0.3, 1.0])
+def test_edge_homophily_is_the_target(h):
+    g = synthetic_graph(5000, 40_000, 4, 2, h, seed=2)
+    assert abs(edge_homophily(g.edge_index, g.y) - h) < 0.01
+
+
+def test_bad_arguments_are_config_errors():
+    with pytest.raises(ConfigError, match="homophily"):
+        synthetic_graph(10, 20, 2, 2, -0.1)
+    with pytest.raises(ConfigError, match="exceeds num_nodes"):
+        synthetic_graph(3, 20, 5, 2, 0.5)
+
+
+def test_scale_benchmark_runs_on_a_tiny_size(tmp_path):
+    out = tmp_path / "scale.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "synthetic_scale.py"), "--sizes", "2000:10000", "--clients", "2",
+                           "--partitions", "metis", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows.stage.tolist() == ["generate", "partition", "fedavg"] and rows.error.isna().all()
+    assert (rows.peak_rss_mb > 0).all() and rows.fedavg_s.notna().iloc[-1] and 0 <= rows.accuracy.iloc[-1] <= 1
