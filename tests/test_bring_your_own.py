@@ -49,7 +49,8 @@ def test_defaults_follow_measured_homophily():
     for data in (sbm(0.3, 0.01), sbm(0.01, 0.2)):
         ds = as_dataset(data)
         h = edge_homophily(ds.data.edge_index, ds.data.y)
-        result = run("opfgl", data, clients=3, progress=False)
+        short = {"surrogate_iters": 50, "stage1_iters": 50, "finetune_iters": 50, "eval_interval": 25}   # the defaults under test are untouched
+        result = run("opfgl", data, clients=3, progress=False, settings=short)
         assert result.config["hre"] == (h >= HOMOPHILY_THRESHOLD)             # O-pFGL's refinement off on heterophilous graphs
         assert f"edge homophily {h:.3f}" in result.summary()["defaults_from"]
     assert defaults_profile(load_dataset("Cora")) == ("Cora", None)
