@@ -17,7 +17,8 @@ import torch
 
 # %% auto #0
 __all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch',
-           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'optional_import', 'pyplot']
+           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'optional_import', 'pyplot',
+           'load_entry_points']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
 @lru_cache(maxsize=None)
@@ -116,6 +117,24 @@ def optional_import(module: str):
 def pyplot():
     "matplotlib's pyplot, imported on first use (the `plots` extra)."
     return optional_import("matplotlib.pyplot")
+
+_LOADED_GROUPS: set[str] = set()
+
+def load_entry_points(group: str) -> list[str]:
+    "Load (once per process) the entry points installed packages declare in `group`: each names a module (importing it registers) or a callable (called without arguments); one that fails warns and is skipped. Returns the names loaded."
+    import importlib.metadata, types, warnings
+    if group in _LOADED_GROUPS: return []
+    _LOADED_GROUPS.add(group)
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=group):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, types.ModuleType): obj()
+            loaded.append(ep.name)
+        except Exception as err:
+            warnings.warn(f"fglit: entry point {ep.name!r} = {ep.value!r} of group {group!r} failed: {type(err).__name__}: {err}",
+                          stacklevel=2)
+    return loaded
 
 def _progress_bar_class():
     "tqdm's notebook bars where ipywidgets can draw them, else its text bars (tqdm.auto warns in a kernel without ipywidgets)."

@@ -291,8 +291,7 @@ def pyg_spec(name: str, root: str | Path | None = None) -> DatasetSpec | None:
         return DatasetSpec(key.lower(), "node", source, key.lower(), (RawLayout((f"raw/{key.lower()}.npz",)),), description="Wikipedia page graph (PyG WikipediaNetwork)")
     tu = _TU_BY_KEY.get(key.lower())
     if tu is None and key and "/" not in key and key not in (".", ".."):
-        layouts = _tu_layouts(key)
-        tu = key if any(all(p.is_file() for p in DatasetSpec(key, "graph", "TU", key, (l,)).expected_files(data_root(root))) for l in layouts) else None
+        tu = key if DatasetSpec(key, "graph", "TU", key, _tu_layouts(key)).layout_present(data_root(root)) is not None else None
     if tu is None:
         return None
     return DatasetSpec(tu, "graph", "TU", tu, _tu_layouts(tu), description="TU graph collection (PyG TUDataset)")

@@ -5,10 +5,7 @@
 # %% ../nbs/02_models.ipynb #f32f8a86
 from __future__ import annotations
 
-import importlib.metadata
 import time
-import types
-import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -17,7 +14,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import (APPNP as APPNPProp, GATConv, GCN2Conv, GCNConv, GINConv, SAGEConv,
                                 global_add_pool, global_max_pool, global_mean_pool)
 
-from .core import get_device, seed_everything
+from .core import get_device, load_entry_points, seed_everything
 from .graph_preprocessing import (ADJACENCY_KINDS, SPARSE_INPUT_DENSITY, CachedEncoder, GraphCache, SparseOperand,
                                        _check_dim, _graph_tensors, _sparsify, _to_csr, adjacency, knn_graph,
                                        knn_indices, propagate_hops, spmm)
@@ -29,9 +26,9 @@ _all_ = ["ADJACENCY_KINDS", "SPARSE_INPUT_DENSITY", "adjacency", "propagate_hops
 __all__ = ['POOLS', 'TASKS', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head', 'GraphModel', 'ConvEncoder', 'GCNLayer',
            'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP',
            'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
-           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'model_key', 'load_entry_points', 'model_names',
-           'build_model', 'train_node_classifier', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'adjacency',
-           'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder']
+           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'model_key', 'model_names', 'build_model',
+           'train_node_classifier', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'adjacency', 'propagate_hops',
+           'knn_indices', 'knn_graph', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder']
 
 # %% ../nbs/02_models.ipynb #ddd822eb
 POOLS: dict[str, Callable] = {"mean": global_mean_pool, "sum": global_add_pool, "add": global_add_pool,
@@ -396,27 +393,11 @@ MODELS: dict[str, Callable[..., nn.Module]] = {"gcn": GCN, "kipfgcn": KipfGCN, "
                                        "mlp": MLP, "gingpfl": GINGPFL}
 MODEL_NAMES: list[str] = [c.__name__ for c in MODELS.values()]
 _ALIASES = {"sage": "graphsage", "s2gc": "ssgc"}
-_LOADED_GROUPS: set[str] = set()
 
 def model_key(name: str) -> str:
     "The `MODELS` key of a model name: lower case, without `-` and `_`, aliases resolved."
     key = str(name).strip().lower().replace("-", "").replace("_", "")
     return _ALIASES.get(key, key)
-
-def load_entry_points(group: str) -> list[str]:
-    "Load (once per process) the entry points installed packages declare in `group`: each names a module (importing it registers) or a callable (called without arguments); one that fails warns and is skipped. Returns the names loaded."
-    if group in _LOADED_GROUPS: return []
-    _LOADED_GROUPS.add(group)
-    loaded = []
-    for ep in importlib.metadata.entry_points(group=group):
-        try:
-            obj = ep.load()
-            if callable(obj) and not isinstance(obj, types.ModuleType): obj()
-            loaded.append(ep.name)
-        except Exception as err:
-            warnings.warn(f"fglit: entry point {ep.name!r} = {ep.value!r} of group {group!r} failed: {type(err).__name__}: {err}",
-                          stacklevel=2)
-    return loaded
 
 def model_names() -> list[str]:
     "Every model `build_model` knows: the built-in ones, then those registered (`fglit.own_model.register_model`, entry points `fglit.models`)."

@@ -5,12 +5,13 @@
 # %% ../nbs/02b_own_model.ipynb #f6bff76d
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Callable
 
 from torch import Tensor, nn
 
-from .fl.config import ConfigError
+from .fl.config import ConfigError, FedConfig
 from .models import _ALIASES, MODEL_NAMES, MODELS, build_model, model_key
 
 # %% auto #0
@@ -86,7 +87,7 @@ class ModuleAdapter(nn.Module):
     def extra_repr(self) -> str: return f"task={self.task!r}, head={self.head_name!r}"
 
 # %% ../nbs/02b_own_model.ipynb #b275f7f1
-MODEL_DEFAULTS = dict(hidden=64, layers=2, dropout=0.5)   # what a factory gets for settings left unset (FedConfig's defaults)
+MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FedConfig) if f.name in ("hidden", "layers", "dropout")}   # what a factory gets for settings left unset
 
 def _speaks_fglit(module: nn.Module) -> bool:
     return all(hasattr(module, a) for a in ("encode", "head", "embedding_dim"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config import ConfigError
-from ..models import load_entry_points
+from ..core import load_entry_points
 
 
 # %% auto #0
