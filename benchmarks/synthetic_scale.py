@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "synthetic_scale.csv")
     o = ap.parse_args()
+    from fglit.reproduction import append_row
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=commit(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=1)
@@ -87,11 +88,8 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             row.update(error=f"over {o.timeout:.0f} s")
         print(json.dumps(row), flush=True)
+        append_row(o.out, {k: row.get(k) for k in FIELDS})        # each row as it ends: one whole line, torn rows repaired
         rows.append(row)
-    import pandas as pd
-    o.out.parent.mkdir(parents=True, exist_ok=True)
-    table = pd.DataFrame(rows).reindex(columns=FIELDS)
-    table.to_csv(o.out, mode="a", header=not o.out.exists(), index=False)
     print(f"appended {len(rows)} rows to {o.out.relative_to(REPO) if o.out.is_relative_to(REPO) else o.out}")
     return 0
 
