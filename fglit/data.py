@@ -265,7 +265,8 @@ def dataset_spec(name: str, root: str | Path | None = None) -> DatasetSpec:
     if spec is None:
         tu = f"{name}/raw/{name}_A.txt" if str(name).strip() else "<name>/raw/<name>_A.txt"
         raise UnknownDatasetError(f"unknown dataset {name!r}: not in the registry, not a WebKB/WikipediaNetwork/TU name PyG knows, "
-                                  f"and no TU files ({tu}) under {data_root(root)}; known datasets: {', '.join(dataset_names())}")
+                                  f"and no TU files ({tu}) under {data_root(root)} (any other TU collection: tu:NAME); "
+                                  f"known datasets: {', '.join(dataset_names())}")
     return spec
 
 # %% ../nbs/00_data.ipynb #3f6bedba
@@ -281,7 +282,7 @@ def _tu_layouts(name: str) -> tuple[RawLayout, ...]:
     return (RawLayout(files("raw")), RawLayout(files("raw_cleaned"), "cleaned", "TU 'cleaned' version: isomorphic duplicates removed"))
 
 def pyg_spec(name: str, root: str | Path | None = None) -> DatasetSpec | None:
-    "An entry for a dataset PyG's WebKB, WikipediaNetwork or TUDataset classes know (not in the registry), or None."
+    "An entry for a dataset PyG's WebKB, WikipediaNetwork or TUDataset classes know (not in the registry), or None; `tu:NAME` names any TU collection."
     key = str(name).strip()
     source = PYG_NODE_NAMES.get(key.lower())
     if source == "WebKB":
@@ -290,6 +291,8 @@ def pyg_spec(name: str, root: str | Path | None = None) -> DatasetSpec | None:
     if source == "WikipediaNetwork":
         return DatasetSpec(key.lower(), "node", source, key.lower(), (RawLayout((f"raw/{key.lower()}.npz",)),), description="Wikipedia page graph (PyG WikipediaNetwork)")
     tu = _TU_BY_KEY.get(key.lower())
+    if key.lower().startswith("tu:") and key[3:].strip() and "/" not in key:     # any TU collection by its name: PyG downloads it
+        tu = key[3:].strip()
     if tu is None and key and "/" not in key and key not in (".", ".."):
         tu = key if DatasetSpec(key, "graph", "TU", key, _tu_layouts(key)).layout_present(data_root(root)) is not None else None
     if tu is None:

@@ -161,3 +161,12 @@ def test_cli_errors(tmp_path, capsys, args, message):
     assert main(["run", "fedavg", *args, "--rounds", "1", "--clients", "3", "--root", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fglit: error: ") and message in err and err.count("\n") == 1
+
+
+def test_any_tu_collection_by_name_goes_to_pygs_download(tmp_path):
+    "`tu:NAME` is a TU dataset for any NAME (PyG downloads it); offline here, that ends in the not-found error, not 'unknown'."
+    assert dataset_spec("tu:Fingerprint", tmp_path).name == "Fingerprint"
+    with pytest.raises(UnknownDatasetError, match="tu:NAME"):
+        dataset_spec("Fingerprint", tmp_path)                 # a bare unlisted name with no files: unknown, not downloaded
+    with pytest.raises(DatasetNotFoundError, match="Fingerprint"):
+        load_dataset("tu:Fingerprint", tmp_path)
