@@ -45,13 +45,14 @@ test-gpu: setup
 	FGLIT_DEVICE=cuda $(BIN)/nbdev_test --flags "gpu" --timing
 	FGLIT_DEVICE=cuda $(BIN)/python -m pytest tests -q --gpu
 
-# The exported package and README must match the notebooks, and the notebooks must be clean.
+# The exported package and README must match the notebooks, and the notebooks must be clean: no metadata noise
+# (nbdev_clean) and no local folders in stored outputs (.ci/redact_outputs.py; the docs are built from them anywhere).
 check-sync: setup
 	@tmp=$$(mktemp -d) && cp -rL fglit nbs README.md $$tmp/ && \
-	$(BIN)/nbdev_export && $(BIN)/nbdev_clean && $(BIN)/python .ci/nb2readme.py && \
+	$(BIN)/nbdev_export && $(BIN)/nbdev_clean && $(BIN)/python .ci/redact_outputs.py && $(BIN)/python .ci/nb2readme.py && \
 	if diff -r -x __pycache__ $$tmp/fglit fglit && diff -r $$tmp/nbs nbs && diff $$tmp/README.md README.md; then \
 		echo "check-sync: fglit/, nbs/ and README.md are in sync with the notebooks"; rm -rf $$tmp; \
-	else echo "check-sync: out of sync (the diff above); run nbdev_export, nbdev_clean and .ci/nb2readme.py, then commit"; rm -rf $$tmp; exit 1; fi
+	else echo "check-sync: out of sync (the diff above); run nbdev_export, nbdev_clean, .ci/redact_outputs.py and .ci/nb2readme.py, then commit"; rm -rf $$tmp; exit 1; fi
 
 # What `nbdev_proc_nbs` does, without its Quarto installer (Quarto cannot be installed offline); then every page
 # rendered to _site/ without Quarto and checked (no leaked directives or Quarto attributes, no local paths, no

@@ -6,8 +6,8 @@ every page. Quarto cannot be installed offline; where it is, `nbdev_docs` render
 What Quarto would interpret is interpreted here, so that no page shows it raw: the YAML front matter nbdev writes
 (title, description), cell directives (`#| echo: false` hides the code, `#| include: false` / `#| hide` drop the
 cell, `#| output: false` drops the outputs; the directive lines themselves never show), and Quarto's attributes on
-links and spans (`{target="_blank"}`, `{.class}`). The builder's own folders in outputs (the repository, the data
-root, the virtual environment) are shown as `<repo>`, `$FGLIT_DATA` and `<venv>`.
+links and spans (`{target="_blank"}`, `{.class}`). The stored outputs are already free of the folders of the machine
+that ran them (.ci/redact_outputs.py, checked by `make check-sync`); the same redaction is applied here again.
 
 Then every page is checked: no cell directive, Quarto attribute or front matter left; no local path; no warning
 written to stderr; as many figures as the notebook's outputs hold. Exit status 1 lists the problems, page by page.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import os
 import re
 import sys
 from pathlib import Path
@@ -24,10 +23,12 @@ from pathlib import Path
 import nbformat
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from redact_outputs import LOCAL, redact      # one redaction for stored outputs and pages
+
 REPO = Path(__file__).resolve().parents[1]
 ATTRS = re.compile(r"(?<=[)\]])\{(?:target=|[.#][\w-])[^}]*\}")        # {target="_blank" ...} / {.class} / {#id} after a link or span
 DIVS = re.compile(r"^:::.*$", re.M)
-LOCAL = re.compile(r"(/work/|/root/|/home/|/Users/|site-packages|/tmp/ipykernel)")
 FIGURE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
 
 
@@ -41,15 +42,6 @@ def directives(source: str) -> tuple[dict, str]:
         else:
             body.append(line)
     return found, "\n".join(body).strip("\n")
-
-
-def redact(text: str) -> str:
-    "The builder's folders as placeholders."
-    data = os.environ.get("FGLIT_DATA")
-    pairs = [(str(Path(sys.prefix)), "<venv>"), (str(REPO), "<repo>")] + ([(str(Path(data).resolve()), "$FGLIT_DATA"), (data, "$FGLIT_DATA")] if data else [])
-    for old, new in sorted(pairs, key=lambda p: -len(p[0])):
-        text = text.replace(old, new)
-    return re.sub(r"/tmp/ipykernel_\d+/\d+\.py", "<cell>", text)
 
 
 def _redact_outputs(cell) -> None:

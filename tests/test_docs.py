@@ -51,3 +51,26 @@ def test_the_check_finds_each_leak():
         found = render_docs.check_page(page(body), 0)
         assert found and word in found[0], (body, found)
     assert "figures" in render_docs.check_page(page("<p>no image</p>"), 1)[0]
+
+
+def test_stored_outputs_lose_this_machines_folders_and_another_machines_are_refused(tmp_path, monkeypatch):
+    "The CI builder's folders differ from the machine that ran the notebooks: stored outputs must hold neither."
+    spec = importlib.util.spec_from_file_location("redact_outputs", REPO / ".ci" / "redact_outputs.py")
+    redact_outputs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redact_outputs)
+    data = tmp_path / "datasets"
+    data.mkdir()
+    monkeypatch.setenv("FGLIT_DATA", str(data))
+    monkeypatch.setattr(redact_outputs, "REPO", tmp_path)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print(root)")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"data root: {data}\nCora at {data}/Cora\n")]
+    path = tmp_path / "a.ipynb"
+    nbformat.write(nb, path)
+    assert redact_outputs.redact_notebook(path) == (True, [])
+    assert nbformat.read(path, as_version=4).cells[0].outputs[0].text == "data root: $FGLIT_DATA\nCora at $FGLIT_DATA/Cora\n"
+    assert redact_outputs.redact_notebook(path) == (False, [])          # already clean: unchanged
+    nb.cells[0].outputs[0].text = "not under /home/someone/datasets\n"   # the machine that ran it is not this one
+    nbformat.write(nb, path)
+    changed, left = redact_outputs.redact_notebook(path)
+    assert not changed and len(left) == 1 and "a.ipynb cell 0" in left[0] and "/home/" in left[0]
