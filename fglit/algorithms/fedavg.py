@@ -16,11 +16,12 @@ from ..federation import (Client, ConfigError, FedConfig, Message, Server, flat_
                               register_algorithm, weighted_mean)
 from ..fl.messages import WEIGHTED_PARAMS, SumSpec
 from ..fl.config import setting
+from ..fl.stacked import StackedClients
 
 # %% auto #0
 __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
            'FedProxConfig', 'FedProxClient', 'ScaffoldConfig', 'ScaffoldClient', 'ScaffoldServer', 'MoonConfig',
-           'MoonClient']
+           'MoonClient', 'StackedFedAvg', 'StackedFedProx', 'StackedScaffold']
 
 # %% ../../nbs/10_fedavg.ipynb #5671e143
 @dataclass
@@ -237,3 +238,77 @@ class MoonClient(FedAvgClient):
         return reply
 
 register_algorithm("moon", MoonClient, FedAvgServer, MoonConfig, paper="Li, He & Song, CVPR 2021", sums=WEIGHTED_PARAMS)
+
+# %% ../../nbs/10_fedavg.ipynb #abea01c6
+class StackedFedAvg(StackedClients):
+    "FedAvg's clients stacked: the downloaded global weights into each client's slice, its slice and training-set size back."
+    own_init = False      # every client is sent the global weights before it first trains
+    def reply(self, cids: list[int], rnd: int) -> dict[int, Message]:
+        if not _federating(self.config, rnd): return {c: {} for c in cids}
+        flat = self.params.flat()
+        return {c: {"params": flat[c], "weight": float(self.data[c].num_train)} for c in cids}
+
+class StackedFedProx(StackedFedAvg):
+    "FedProx's clients stacked: $\\frac{\\mu}{2}\\lVert\\theta_k - w^t\\rVert^2$ summed over the clients."
+    def receive(self, cids, messages) -> None:
+        super().receive(cids, messages)
+        self.anchor = [t.detach().clone() for t in self.params.tensors]
+
+    def extra_loss(self, emb, logits, active) -> Tensor:
+        return self.config.mu / 2 * sum(((t - a) ** 2 * _rows(active, t)).sum() for t, a in zip(self.params.tensors, self.anchor))
+
+class StackedScaffold(StackedFedAvg):
+    "SCAFFOLD's clients stacked: control variates `[K, P]`, the gradient correction $c - c_k$ added to each slice's gradient."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.control = torch.zeros_like(self.params.flat())
+
+    def receive(self, cids, messages) -> None:
+        super().receive(cids, messages)
+        self.start = self.params.flat()
+        idx = torch.tensor(cids, device=self.control.device)
+        correction = torch.zeros_like(self.control)
+        correction[idx] = torch.stack([m["control"] for m in messages]).to(self.control.dtype) - self.control[idx]
+        self.corrections = [c.view(self.params.K, *s) for c, s in zip(correction.split(self.params.sizes, 1), self.params.shapes)]
+
+    def after_backward(self, active) -> None:
+        for t, c in zip(self.params.tensors, self.corrections):
+            if t.grad is not None: t.grad.add_(c)
+
+    def local_gradient(self, active) -> Tensor:
+        "Every client's mean cross-entropy gradient at its current weights (option I), as `[K, P]`."
+        self.params.zero_grad()
+        _, logits = self.forward()
+        self.train_loss(logits, active & self.has_train).backward()
+        grad = torch.cat([(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(self.params.K, -1) for t in self.params.tensors], 1)
+        self.params.zero_grad()
+        return grad
+
+    def local_step(self, messages, rnd):
+        cids = list(messages)
+        self.receive(cids, [messages[c] for c in cids])
+        idx = torch.tensor(cids, device=self.control.device)
+        active = torch.zeros(self.params.K, dtype=torch.bool, device=self.control.device); active[idx] = True
+        server_control = torch.stack([messages[c]["control"] for c in cids]).to(self.control.dtype)
+        if self.config.control_update == "gradient":
+            new_control = self.local_gradient(active)[idx]
+            self.fit(self.config.local_epochs, active)
+        else:
+            before = self.params.steps.clone()
+            self.fit(self.config.local_epochs, active)
+            steps = (self.params.steps - before)[idx].clamp(min=1).to(self.control.dtype).unsqueeze(1)
+            new_control = self.control[idx] - server_control + (self.start[idx] - self.params.flat()[idx]) / (steps * self.config.lr)
+        delta_control = new_control - self.control[idx]
+        self.control[idx] = new_control
+        end = self.params.flat()
+        return {c: {"delta_params": end[c] - self.start[c], "delta_control": delta_control[i], "weight": float(self.data[c].num_train)}
+                for i, c in enumerate(cids)}
+
+def _rows(active: Tensor, t: Tensor) -> Tensor:
+    "`active` shaped to broadcast over `t`'s client axis, as `t`'s dtype."
+    return active.view(-1, *(1,) * (t.dim() - 1)).to(t.dtype)
+
+StandaloneClient.stacked = StackedClients
+FedAvgClient.stacked = StackedFedAvg
+FedProxClient.stacked = StackedFedProx
+ScaffoldClient.stacked = StackedScaffold

@@ -128,6 +128,7 @@ class FedConfig:
     graphless_knn: int = setting(0, ge=0, help="> 0: graphless clients train on a cosine kNN graph of their features with this k")
     graphless_model: str = setting("", help="a model name: graphless clients run it instead of `model` (mlp: Fed-GNNMLP)")
     fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")
+    engine: Literal["sequential", "stacked"] = setting("sequential", help="in-process simulation: clients one after another (the reference), or all as one stacked computation (fglit.fl.stacked)")
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig, metadata={"help": "secure aggregation and DP (PrivacyConfig)"})
     # what an algorithm cannot do, declared once on its config class and enforced by `check_setup` ('' = no restriction)
     node_task_only: ClassVar[str] = ""   # why it needs node classification, e.g. "FedGTA is a node-classification method (...)"

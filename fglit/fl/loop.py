@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
 from ..metrics import client_average, grouped_scores
@@ -30,8 +30,8 @@ from .results import SeedRun
 
 
 # %% auto #0
-__all__ = ['SLOW_ROUND_S', 'LOG_EVERY_S', 'NodeUnion', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport', 'InProcess',
-           'run_rounds', 'simulate', 'CSVLogger', 'TensorBoardLogger']
+__all__ = ['SLOW_ROUND_S', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport',
+           'InProcess', 'run_rounds', 'simulate', 'CSVLogger', 'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
@@ -51,12 +51,15 @@ class NodeUnion:
     def score(self, model: nn.Module, num_classes: int, splits=("val", "test"), auc: bool = False) -> dict[str, list[dict]]:
         "Per-client scores of `model` on each split: `{split: [scores of client 0, client 1, ...]}`; `auc`: also ROC AUC of the softmax probabilities."
         model.eval()
-        logits = model(self.x, self.edge_index)
-        pred = logits.argmax(-1)
-        probs = torch.softmax(logits.float(), -1) if auc else None
-        return {s: grouped_scores(self.client[self.masks[s]], self.y[self.masks[s]], pred[self.masks[s]], self.num_clients, num_classes,
-                                  scores=None if probs is None else probs[self.masks[s]])
-                for s in splits}
+        return score_rows(model(self.x, self.edge_index), self, num_classes, splits, auc)
+
+def score_rows(logits: Tensor, union, num_classes: int, splits=("val", "test"), auc: bool = False) -> dict[str, list[dict]]:
+    "Per-client scores from the logits of every node of a union of clients' graphs (`union.client`, `.y`, `.masks`, `.num_clients`)."
+    pred = logits.argmax(-1)
+    probs = torch.softmax(logits.float(), -1) if auc else None
+    return {s: grouped_scores(union.client[union.masks[s]], union.y[union.masks[s]], pred[union.masks[s]], union.num_clients, num_classes,
+                              scores=None if probs is None else probs[union.masks[s]])
+            for s in splits}
 
 # %% ../../nbs/fl/06_loop.ipynb #26da91ba
 SLOW_ROUND_S = 1.0   # after a round slower than this, the next rounds also show a bar over their clients
@@ -149,6 +152,10 @@ class InProcess(Transport):
 
     def start(self, algorithm, config, spec, specs, seed):
         self.clients = [algorithm.client(i, d, config, s) for i, (d, s) in enumerate(zip(self.data, specs))]
+        self.start_uplink(algorithm, config, spec, seed)
+
+    def start_uplink(self, algorithm, config, spec, seed):
+        "The clients' uplink halves, if the run has an uplink (and the server's model, for pooled scoring)."
         self.server_spec = spec
         if needs_uplink(config):
             from fglit.uplink import UplinkClient        # cryptography is imported only by runs that use it
@@ -262,8 +269,13 @@ def _evaluate(server, transport: Transport, config, task: str, rnd: int, num_cla
 def simulate(algorithm: Algorithm, clients_data: list, task: str, num_features: int, num_classes: int,
              config: FedConfig, seed: int = 0, progress: bool | None = None, desc: str = "",
              callback: Callable | None = None) -> SeedRun:
-    "Run one seed of `algorithm` on `clients_data` (per-client `Data` or `GraphClient`) in this process: `run_rounds` over `InProcess`."
-    return run_rounds(algorithm, InProcess(clients_data, task, num_features, num_classes), config, seed, progress, desc, callback)
+    "Run one seed of `algorithm` on `clients_data` (per-client `Data` or `GraphClient`) in this process: `run_rounds` over `InProcess`, or over `fglit.fl.stacked.Stacked` with `engine='stacked'`."
+    if getattr(config, "engine", "sequential") == "stacked":
+        from .stacked import Stacked
+        transport = Stacked(clients_data, task, num_features, num_classes)
+    else:
+        transport = InProcess(clients_data, task, num_features, num_classes)
+    return run_rounds(algorithm, transport, config, seed, progress, desc, callback)
 
 # %% ../../nbs/fl/06_loop.ipynb #024a32bc
 class CSVLogger:

@@ -100,6 +100,7 @@ def make_optimizer(model: nn.Module, config: FedConfig, lr: float | None = None)
 
 class Client:
     "A federated client: private `data`, a local `model` and optimizer. Subclasses implement `local_step`."
+    stacked = None     # the algorithm's `fglit.fl.stacked.StackedClients` subclass, if it can run all clients as one stacked computation
     def __init__(self, cid: int, data: LocalData, config: FedConfig, spec: ModelSpec):
         check_setup(config, data.task)
         self.cid, self.data, self.config, self.spec = cid, data, config, spec

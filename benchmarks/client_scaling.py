@@ -1,0 +1,94 @@
+"""The client-scaling curve (issue #28): the same graph split into more and more clients, FedAvg on each split with the
+sequential engine and the stacked engine (`engine="stacked"`, fglit.fl.stacked), side by side in one process per split.
+
+    .venv/bin/python benchmarks/client_scaling.py                                  # tolokers, METIS, 10 100 1000 10000 clients
+    .venv/bin/python benchmarks/client_scaling.py --clients 4 8 --rounds 1 --out /tmp/smoke.csv   # the tiny size CI runs
+
+One row per (clients, engine) appended to results/bench/client_scaling.csv as each ends: wall time of the simulation
+(`SeedRun.wall_time_s`: building the clients, every round's training, aggregation and evaluation), the partition's time,
+the accuracy, and the machine, load, threads and commit. One torch thread (OMP_NUM_THREADS=1).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+STAGE = r'''
+import json, resource, sys, time
+import torch
+torch.set_num_threads(1)
+dataset, partition_name, k, rounds, epochs, engines, seed = json.loads(sys.argv[1])
+from fglit.data import load_dataset
+from fglit.federation import get_algorithm, simulate
+from fglit.fl.config import make_config
+from fglit.partition import partition
+ds = load_dataset(dataset)
+t = time.perf_counter()
+parts = partition(ds, partition_name, k, seed=seed)
+partition_s = time.perf_counter() - t
+algo = get_algorithm("fedavg")
+for engine in engines:
+    cfg = make_config(algo.config, {"rounds": rounds, "local_epochs": epochs, "engine": engine})
+    r = simulate(algo, parts.clients, "node", ds.num_features, ds.num_classes, cfg, seed=seed, progress=False)
+    print(json.dumps(dict(engine=engine, partition_s=partition_s, simulate_s=r.wall_time_s,
+                          test_accuracy=float(r.per_round().test_accuracy.iloc[-1]),
+                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)), flush=True)
+'''
+
+FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "dataset", "partition", "clients", "rounds", "local_epochs",
+          "engine", "partition_s", "simulate_s", "test_accuracy", "peak_rss_mb", "error"]
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="tolokers")
+    ap.add_argument("--partition", default="metis")
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000, 10000])
+    ap.add_argument("--engines", nargs="+", default=["sequential", "stacked"], choices=["sequential", "stacked"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "client_scaling.csv")
+    o = ap.parse_args()
+    from fglit.reproduction import append_row
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=commit(),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=1,
+                dataset=o.dataset, partition=o.partition, rounds=o.rounds, local_epochs=o.local_epochs)
+    n = 0
+    for k in o.clients:
+        args = json.dumps([o.dataset, o.partition, k, o.rounds, o.local_epochs, o.engines, o.seed])
+        try:
+            out = subprocess.run([sys.executable, "-c", STAGE, args], capture_output=True, text=True, env=env, timeout=o.timeout)
+            rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            if out.returncode != 0:
+                rows.append(dict(engine=o.engines[len(rows)], error=(out.stderr.strip().splitlines() or ["?"])[-1][:200]))
+        except subprocess.TimeoutExpired:
+            rows = [dict(engine="+".join(o.engines), error=f"over {o.timeout:.0f} s")]
+        for r in rows:
+            row = dict(base, clients=k, load=round(os.getloadavg()[0], 2), **r)
+            print(json.dumps(row), flush=True)
+            append_row(o.out, {f: row.get(f) for f in FIELDS})
+            n += 1
+    print(f"appended {n} rows to {o.out.relative_to(REPO) if o.out.is_relative_to(REPO) else o.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
