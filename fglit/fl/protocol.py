@@ -22,7 +22,7 @@ from .local_data import Batch, LocalData
 
 
 # %% auto #0
-__all__ = ['flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'ModelSpec', 'mlp_spec', 'client_spec',
+__all__ = ['flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec', 'mlp_spec', 'client_spec',
            'make_optimizer', 'Client', 'check_setup', 'ClientInfo', 'Server']
 
 # %% ../../nbs/fl/03_protocol.ipynb #0072fa3e
@@ -50,7 +50,17 @@ def class_sums(emb: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor
 def weighted_mean(vectors: list[Tensor], weights: list[float]) -> Tensor:
     "Sum_i (w_i / sum w) v_i over stacked vectors."
     w = torch.as_tensor(weights, dtype=vectors[0].dtype, device=vectors[0].device)
-    return (torch.stack(vectors) * (w / w.sum()).unsqueeze(1)).sum(0)
+    return (stack_rows(vectors) * (w / w.sum()).unsqueeze(1)).sum(0)
+
+def stack_rows(vectors: list[Tensor]) -> Tensor:
+    "`torch.stack(vectors)`, without the copy when they are consecutive rows of one 2-D tensor (the stacked engine's replies)."
+    base = vectors[0]._base
+    if base is not None and base.dim() == 2 and base.is_contiguous() and vectors[0].dim() == 1 and base.size(1) == vectors[0].numel():
+        width, start = base.size(1), vectors[0].storage_offset() - base.storage_offset()
+        if start % width == 0 and all(v._base is base and v.dim() == 1 and v.stride(0) == 1 and v.storage_offset() - base.storage_offset() == start + i * width
+                                      for i, v in enumerate(vectors)):
+            return base[start // width:start // width + len(vectors)]
+    return torch.stack(vectors)
 
 # %% ../../nbs/fl/03_protocol.ipynb #028742db
 @dataclass(frozen=True)

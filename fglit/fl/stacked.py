@@ -117,6 +117,14 @@ class StackedParams:
         self.m = [torch.zeros_like(t) for t in self.tensors]
         self.v = [torch.zeros_like(t) for t in self.tensors] if self.kind == "adam" else []
         self.steps = torch.zeros(self.K, dtype=torch.long, device=flat.device)
+        self._adam = None           # torch's fused Adam over the stacked tensors, sharing `m` and `v`: the step when every client steps from the same count
+        if self.kind == "adam":
+            try:
+                self._adam = torch.optim.Adam(self.tensors, lr=self.lr, weight_decay=self.wd, fused=True)
+                for p, m, v in zip(self.tensors, self.m, self.v):
+                    self._adam.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": m, "exp_avg_sq": v}
+            except (RuntimeError, ValueError):     # no fused kernel for this device or dtype
+                self._adam = None
 
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.names, self.tensors))
@@ -143,6 +151,11 @@ class StackedParams:
     def step(self, active: Tensor, betas=(0.9, 0.999), eps=1e-8) -> None:
         "One optimizer step for the clients where `active` (`[K]` bool) holds; the others are left exactly as they are."
         idx = None if bool(active.all()) else active.nonzero().squeeze(1)     # all active: in place, no gathering
+        if idx is None and self._adam is not None and bool((self.steps == self.steps[0]).all()):
+            for p in self.tensors: self._adam.state[p]["step"].fill_(float(self.steps[0]))
+            self._adam.step()                      # one fused kernel; `m`, `v` are its state tensors
+            self.steps += 1
+            return
         self.steps += active.long()
         t = (self.steps if idx is None else self.steps[idx]).to(self.tensors[0].dtype)
         b1, b2 = betas
