@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_declared_algorithms_are_the_stacked_ones():
-    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedprox", "scaffold", "standalone"]
+    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedprox", "fedproto", "fedtgp", "moon", "scaffold", "standalone"]
 
 
 def test_run_with_the_stacked_engine_matches_the_sequential_one_without_dropout():
@@ -32,7 +32,7 @@ def test_refusals_name_the_reason():
     with pytest.raises(ConfigError, match="node tasks"):
         run("fedavg", "MUTAG", "iid", 3, rounds=1, settings={"engine": "stacked"}, progress=False)
     with pytest.raises(ConfigError, match="no stacked form.*fedavg"):
-        run("moon", "Cora", "metis", 3, rounds=1, settings={"engine": "stacked"}, progress=False)
+        run("fedgta", "Cora", "metis", 3, rounds=1, settings={"engine": "stacked"}, progress=False)
     with pytest.raises(ConfigError, match="engine"):
         run("fedavg", "Cora", "metis", 3, rounds=1, settings={"engine": "vmap"}, progress=False)
 

@@ -21,7 +21,7 @@ from ..fl.stacked import StackedClients
 # %% auto #0
 __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
            'FedProxConfig', 'FedProxClient', 'ScaffoldConfig', 'ScaffoldClient', 'ScaffoldServer', 'MoonConfig',
-           'MoonClient', 'StackedFedAvg', 'StackedFedProx', 'StackedScaffold']
+           'MoonClient', 'StackedFedAvg', 'StackedFedProx', 'StackedScaffold', 'StackedMoon']
 
 # %% ../../nbs/10_fedavg.ipynb #5671e143
 @dataclass
@@ -242,7 +242,7 @@ register_algorithm("moon", MoonClient, FedAvgServer, MoonConfig, paper="Li, He &
 # %% ../../nbs/10_fedavg.ipynb #abea01c6
 class StackedFedAvg(StackedClients):
     "FedAvg's clients stacked: the downloaded global weights into each client's slice, its slice and training-set size back."
-    own_init = False      # every client is sent the global weights before it first trains
+    own_init = False      # under full participation every client is sent the global weights in round 1
     def reply(self, cids: list[int], rnd: int) -> dict[int, Message]:
         if not _federating(self.config, rnd): return {c: {} for c in cids}
         flat = self.params.flat()
@@ -312,3 +312,47 @@ StandaloneClient.stacked = StackedClients
 FedAvgClient.stacked = StackedFedAvg
 FedProxClient.stacked = StackedFedProx
 ScaffoldClient.stacked = StackedScaffold
+
+# %% ../../nbs/10_fedavg.ipynb #a9abc463
+class StackedMoon(StackedFedAvg):
+    "MOON's clients stacked: each client's global and previous weights as stacked slices, the contrastive term summed over the clients."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.has_previous = torch.zeros(self.params.K, dtype=torch.bool, device=self.stack.x.device)
+
+    @classmethod
+    def initial_states(cls, spec, n):
+        "As `MoonClient`s draw: each client's model, then its global model's (overwritten at its first download)."
+        states = []
+        for _ in range(n):
+            states.append(flat_state(spec.build())); spec.build()
+        return states
+
+    def receive(self, cids, messages) -> None:
+        super().receive(cids, messages)
+        self.global_params = self.params.unflatten(self.params.flat())          # the slices just loaded hold w^t
+        idx = torch.tensor(cids, device=self.has_previous.device)
+        first = idx[~self.has_previous[idx]]
+        if not hasattr(self, "previous"): self.previous = self.params.flat()
+        self.previous[first] = self.params.flat()[first]                        # a client's first download is its first "previous" model
+        self.has_previous[first] = True
+
+    def extra_loss(self, emb, logits, active) -> Tensor:
+        s = self.stack
+        with torch.no_grad():
+            z_global, _ = self.forward(self.global_params, training=False)
+            z_previous, _ = self.forward(self.params.unflatten(self.previous), training=False)
+        rows = s.masks["train"] & active[s.client]
+        e, flat = emb.reshape(-1, emb.size(-1))[rows], lambda z: z.reshape(-1, z.size(-1))[rows]
+        sims = torch.stack([F.cosine_similarity(e, flat(z_global), dim=-1), F.cosine_similarity(e, flat(z_previous), dim=-1)], 1)
+        per_row = F.cross_entropy(sims / self.config.temperature, torch.zeros(len(e), dtype=torch.long, device=e.device), reduction="none")
+        return self.config.mu * (per_row / s.num_train[s.client[rows]].to(per_row.dtype)).sum()
+
+    def reply(self, cids, rnd):
+        out = super().reply(cids, rnd)
+        flat = self.params.flat()
+        idx = torch.tensor(cids, device=flat.device)
+        self.previous[idx] = flat[idx]                                          # this round's local model is the next round's previous
+        return out
+
+MoonClient.stacked = StackedMoon

@@ -17,12 +17,13 @@ from ..core import get_device
 from ..federation import Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, register_algorithm
 from ..fl.messages import SumSpec
 from ..fl.config import setting
+from ..fl.stacked import StackedClients
 
 # %% auto #0
 __all__ = ['HETEROGENEOUS_MODELS', 'prototypes_from_sums', 'aggregate_prototypes', 'heterogeneous_spec', 'client_model_spec',
            'FedProtoConfig', 'prototype_loss', 'nearest_prototype', 'PrototypeClassifier', 'FedProtoClient',
            'FedProtoServer', 'FedTGPConfig', 'FedTGPClient', 'TrainablePrototypes', 'adaptive_margin',
-           'margin_contrastive_loss', 'FedTGPServer']
+           'margin_contrastive_loss', 'FedTGPServer', 'StackedFedProto', 'StackedFedTGP']
 
 # %% ../../nbs/11_prototypes.ipynb #ac12a924
 def prototypes_from_sums(sums: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
@@ -198,6 +199,9 @@ class FedTGPServer(FedProtoServer):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed((torch.initial_seed() + 1) % 2**63)
             self.generator = TrainablePrototypes(spec.num_classes, self.dim, config.server_hidden).to(self.protos.device)
+        # the server's shuffling draws from its own stream too: the global one's state after training depends on how the
+        # clients ran (one after another, stacked, or on other machines under Flower)
+        self.rng = torch.Generator().manual_seed((torch.initial_seed() + 2) % 2**63)
         self.margin: float | None = None
         self.server_loss: float | None = None
 
@@ -207,7 +211,7 @@ class FedTGPServer(FedProtoServer):
         self.generator.train()
         loss = None
         for _ in range(self.config.server_epochs):
-            order = torch.randperm(len(labels)).to(labels.device)
+            order = torch.randperm(len(labels), generator=self.rng).to(labels.device)
             for start in range(0, len(order), bs):
                 idx = order[start:start + bs]
                 loss = margin_contrastive_loss(points[idx], labels[idx], self.generator(), self.margin)
@@ -227,3 +231,60 @@ class FedTGPServer(FedProtoServer):
 
 register_algorithm("fedtgp", FedTGPClient, FedTGPServer, FedTGPConfig,
                    paper="Zhang, Liu, Hua & Cao, AAAI 2024", sums_only=False)
+
+# %% ../../nbs/11_prototypes.ipynb #a973acc9
+class StackedFedProto(StackedClients):
+    "FedProto's clients stacked: the prototype regulariser summed over the clients; per-class embedding sums and counts of every client from one pass."
+    def __init__(self, data, config, spec, init):
+        if config.heterogeneous_models: raise ConfigError("engine='stacked' needs one model for every client; heterogeneous_models gives each its own")
+        if config.inference != "head": raise ConfigError("engine='stacked' scores with each client's head; inference='prototype' runs sequentially")
+        super().__init__(data, config, spec, init)
+        C = spec.num_classes
+        self.protos = torch.zeros(self.params.K, C, spec.hidden, device=self.stack.x.device)
+        self.mask = torch.zeros(self.params.K, C, dtype=torch.bool, device=self.stack.x.device)
+
+    def receive(self, cids, messages) -> None:
+        idx = torch.tensor(cids, device=self.mask.device)
+        got = [("protos" in m and m.get("mask") is not None) for m in messages]
+        if all(got):
+            self.protos[idx] = torch.stack([m["protos"] for m in messages]).to(self.protos.dtype)
+            self.mask[idx] = torch.stack([m["mask"] for m in messages])
+        else:
+            self.mask[idx] = False
+
+    def extra_loss(self, emb, logits, active) -> Tensor | None:
+        if self.config.lam == 0: return None
+        s = self.stack
+        rows = s.masks["train"] & active[s.client]
+        c, y = s.client[rows], s.y[rows]
+        keep = self.mask[c, y]                                        # items whose class has a global prototype
+        if not bool(keep.any()): return None
+        c, y = c[keep], y[keep]
+        sq = ((emb.reshape(-1, emb.size(-1))[rows][keep] - self.protos[c, y]) ** 2).sum(1)
+        kept = torch.bincount(c, minlength=self.params.K).to(sq.dtype)  # each client's MSE is its own mean over items and dimensions
+        return self.config.lam * (sq / (kept[c] * emb.size(-1))).sum()
+
+    @torch.no_grad()
+    def class_statistics(self) -> tuple[Tensor, Tensor]:
+        "Every client's per-class sums `[K, C, d]` and counts `[K, C]` of its training embeddings (eval mode)."
+        s, C = self.stack, self.spec.num_classes
+        emb, _ = self.forward(training=False)
+        rows = s.masks["train"]
+        key = s.client[rows] * C + s.y[rows]
+        e = emb.reshape(-1, emb.size(-1))[rows]
+        sums = e.new_zeros(self.params.K * C, e.size(1)).index_add_(0, key, e).view(self.params.K, C, -1)
+        counts = torch.bincount(key, minlength=self.params.K * C).to(e.dtype).view(self.params.K, C)
+        return sums, counts
+
+    def reply(self, cids, rnd):
+        sums, counts = self.class_statistics()
+        return {c: {"sums": sums[c], "counts": counts[c]} for c in cids}
+
+class StackedFedTGP(StackedFedProto):
+    "FedTGP's clients stacked: FedProto's, uploading per-class means and their mask."
+    def reply(self, cids, rnd):
+        sums, counts = self.class_statistics()
+        return {c: dict(zip(("protos", "mask"), prototypes_from_sums(sums[c], counts[c]))) for c in cids}
+
+FedProtoClient.stacked = StackedFedProto
+FedTGPClient.stacked = StackedFedTGP

@@ -23,7 +23,7 @@ from .protocol import ModelSpec, flat_state, load_flat_state
 
 # %% auto #0
 __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'StackedClients', 'Stacked', 'stacked_form',
-           'stacked_algorithms']
+           'stacked_algorithms', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -129,6 +129,10 @@ class StackedParams:
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.names, self.tensors))
 
+    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        "`[K, P]` rows (as `flat` gives) as named stacked tensors (views)."
+        return {n: t.reshape(self.K, *s) for n, t, s in zip(self.names, flat.split(self.sizes, 1), self.shapes)}
+
     def flat(self) -> Tensor:
         "Every client's `flat_state` as one `[K, P]` tensor (detached)."
         return torch.cat([t.detach().reshape(self.K, -1) for t in self.tensors], 1)
@@ -179,7 +183,7 @@ class StackedParams:
 # %% ../../nbs/fl/07_stacked.ipynb #02842947
 class StackedClients:
     "The clients of one run trained as one stacked computation; the batched counterpart of `FedAvgClient`'s loop. Algorithms subclass it and set `Client.stacked`."
-    own_init = True     # clients train from their own initial weights (False: each is sent weights before it first trains)
+    own_init = True     # clients train from their own initial weights (False: under full participation each is sent weights in round 1)
 
     def __init__(self, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
         reason = stackable(spec)
@@ -189,6 +193,11 @@ class StackedClients:
         self.params = StackedParams(spec, init, config)
         self.forward_fn = STACKED_FORWARDS[spec.name]
         self.has_train = self.stack.num_train > 0
+
+    @classmethod
+    def initial_states(cls, spec: ModelSpec, n: int) -> list[Tensor]:
+        "The `n` clients' initial weights, drawn as the sequential engine's clients draw them: in order, with whatever else a client's constructor draws."
+        return [flat_state(spec.build()) for _ in range(n)]
 
     # -- hooks (the batched forms of `Client`'s) -----------------------------------------------
     def receive(self, cids: list[int], messages: list[Message]) -> None:
@@ -242,10 +251,7 @@ class StackedClients:
     @torch.no_grad()
     def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
         "Per-client scores on each split, all clients in one pass: their own models, or the rows of `flat` (`[K, P]`)."
-        params = None
-        if flat is not None:
-            params = {n: t.reshape(self.stack.num_clients, *s) for n, t, s in zip(self.params.names, flat.split(self.params.sizes, 1), self.params.shapes)}
-        _, logits = self.forward(params, training=False)
+        _, logits = self.forward(None if flat is None else self.params.unflatten(flat), training=False)
         return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=True)
 
 # %% ../../nbs/fl/07_stacked.ipynb #3d6663bc
@@ -269,9 +275,9 @@ class Stacked(InProcess):
             raise ConfigError(f"{algorithm.name} has no stacked form (engine='stacked'); these have: {', '.join(stacked_algorithms()) or 'none'}")
         if any(s != spec for s in specs):
             raise ConfigError("engine='stacked' needs every client to run the same model (unset graphless_model)")
-        if kind.own_init:     # the same draws, in the same order, as the sequential clients' models
-            init = [flat_state(spec.build()) for _ in self.data]
-        else:                 # every client is sent the server's weights before it first trains: one model's draws serve all
+        if kind.own_init or config.client_fraction < 1:     # the same draws, in the same order, as the sequential clients' models
+            init = kind.initial_states(spec, len(self.data))
+        else:                 # every client is sent the server's weights in round 1, before it trains or is scored: one model's draws serve all
             init = [flat_state(spec.build())] * len(self.data)
         self.group = kind(self.data, config, spec, init)
         self.clients = [_ClientView(self.group, i) for i in range(len(self.data))]
@@ -300,3 +306,19 @@ def stacked_algorithms() -> list[str]:
     "The registered algorithms whose clients can run stacked."
     from fglit.fl.registry import load_algorithms
     return sorted(n for n, a in load_algorithms().items() if stacked_form(a.client) is not None)
+
+# %% ../../nbs/fl/07_stacked.ipynb #85fe5356
+def compare_engines(algorithm, clients_data: list, task: str, num_features: int, num_classes: int, settings: dict | None = None,
+                    seed: int = 0, metrics=("accuracy", "f1_macro")) -> tuple[float, "pd.DataFrame", dict]:
+    "The largest difference in `metrics` between the sequential and the stacked engine over every (round, client, split), the merged rows, and both runs."
+    from fglit.fl.config import make_config
+    from fglit.fl.loop import simulate
+    runs = {}
+    for engine in ("sequential", "stacked"):
+        cfg = make_config(algorithm.config, {**(settings or {}), "engine": engine})
+        runs[engine] = simulate(algorithm, clients_data, task, num_features, num_classes, cfg, seed=seed, progress=False)
+    h = runs["sequential"].history.merge(runs["stacked"].history, on=["round", "client", "split"], suffixes=("_seq", "_stk"))
+    if not len(h) == len(runs["sequential"].history) == len(runs["stacked"].history):
+        raise AssertionError("the engines scored different (round, client, split) rows")
+    worst = max(float((h[f"{m}_seq"] - h[f"{m}_stk"]).abs().max()) for m in metrics)
+    return worst, h, runs
