@@ -12,11 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from .core import data_root, get_device, seed_everything
-from .data import DatasetError, dataset_statistics, datasets_table, load_dataset
-from .own_data import as_dataset
+from .catalogue import CATALOGUE, known_algorithms, known_models, partition_help   # plain data: no torch (06a_catalogue)
 
 class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
@@ -29,6 +25,7 @@ __all__ = ['RUN_KEYS', 'DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'UsageError', 'cmd_
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
+    import pandas as pd
     if as_json:
         print(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
     else:
@@ -37,6 +34,10 @@ def _print_table(df: pd.DataFrame, as_json: bool) -> None:
 
 def cmd_datasets(args) -> int:
     "List the registry (or measure the datasets named by --stats)."
+    import pandas as pd
+    from fglit.core import data_root
+    from fglit.data import dataset_statistics, datasets_table
+    from fglit.own_data import as_dataset
     if args.stats:
         stats = pd.DataFrame([dataset_statistics(as_dataset(n, root=args.root)) for n in args.stats])
         _print_table(stats, args.json)
@@ -118,6 +119,7 @@ DEFAULT_PARTITION = _DefaultName("louvain")      # node tasks; a graph task's de
 
 def partitions_from_files(args) -> tuple:
     "`--partition-file FILE [FILE ...]`: the loaded dataset and one partition for every seed, or one per seed; `--partition`, when typed, names the partitioner they stand for."
+    from fglit.own_data import as_dataset
     from fglit.partition import load_partition_file
     files = args.partition_file
     if len(files) not in (1, len(args.seeds)):
@@ -131,6 +133,7 @@ def partitions_from_files(args) -> tuple:
 
 def cmd_partition(args) -> int:
     "Partition a dataset (or read a partition file) and print the per-client report; `--save FILE` writes it out."
+    from fglit.own_data import as_dataset
     from fglit.partition import load_partition_file, partition, partition_report, report_records, save_partition_file
     if (args.method is None) == (args.file is None):
         raise UsageError("partition: give --method (with --clients) to make a partition, or --file to read one")
@@ -166,6 +169,7 @@ def privacy_settings(args) -> dict:
 def run_on_flower(args, settings: dict):
     "`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result."
     from dataclasses import replace
+    import pandas as pd
     from fglit.flower import run_flower_simulation
     extra = {k: v for k, v in (("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
     results = [run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds, seed=seed,
@@ -181,6 +185,7 @@ def _named_dataset(dataset: str) -> None:
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
     from fglit.federation import ConfigError, run
+    from fglit.own_data import as_dataset
     from_file = apply_config_file(args)
     settings = {**from_file, **parse_settings(args.set), **privacy_settings(args)}
     callback = run_loggers(args)
@@ -224,6 +229,8 @@ def cmd_run(args) -> int:
 
 def print_result(result, as_json: bool = False) -> int:
     "Print a `RunResult` as `fglit run` does: tables, or its summary as one JSON object."
+    import pandas as pd
+    from fglit.core import get_device
     from fglit.metrics import format_mean_std
     summary = result.summary()
     if as_json:
@@ -263,6 +270,7 @@ def print_result(result, as_json: bool = False) -> int:
 # %% ../nbs/06_cli.ipynb #625a8a1b
 def cmd_algorithms(args) -> int:
     "List the registered algorithms, or print one algorithm's settings."
+    import pandas as pd
     from fglit.federation import ConfigError, get_algorithm, load_algorithms
     from fglit.fl.config import describe_config
     if args.name:
@@ -283,6 +291,8 @@ def cmd_algorithms(args) -> int:
 # %% ../nbs/06_cli.ipynb #003e7489
 def cmd_demo(args) -> int:
     "Train a centralised model on one dataset and print its accuracy (placeholder main job)."
+    from fglit.core import get_device, seed_everything
+    from fglit.data import DatasetError, load_dataset
     from fglit.models import build_model, train_node_classifier
     seed_everything(args.seed)
     ds = load_dataset(args.dataset, args.root)
@@ -309,6 +319,7 @@ def _grid_setting(text: str) -> tuple[int, float]:
 
 def cmd_reproduce(args) -> int:
     "Run (or resume) a paper's reproduction grid and print our numbers beside the paper's."
+    import pandas as pd
     from fglit.reproduction import get_reproduction, load_reproductions
     if args.list or not args.paper:
         rows = [dict(reproduction=r.name, module=r.grid.__module__, grid=r.grid.__name__, results=r.out, seeds=len(r.seeds))
@@ -407,12 +418,6 @@ def cmd_flower_local(args) -> int:
 
 
 # %% ../nbs/06_cli.ipynb #3f9c2ef5
-def _algorithm_names() -> list[str]:
-    "Every registered algorithm (importing the algorithm modules registers them)."
-    from fglit.federation import ALGORITHMS, load_algorithms
-    load_algorithms()
-    return sorted(ALGORITHMS)
-
 def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) -> None:
     "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
     p.add_argument("algorithm", help=", ".join(algorithms))
@@ -420,7 +425,7 @@ def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) 
                    help="a registered name, a name PyG knows (texas, COX2, ...) or a file written by torch.save (.pt)"
                         + ("" if dataset_required else "; required unless --config names one"))
     p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: one graph = node, several = graph)")
-    p.add_argument("--partition", default=DEFAULT_PARTITION, help=_partition_help())
+    p.add_argument("--partition", default=DEFAULT_PARTITION, help=partition_help())
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
     p.add_argument("--local-epochs", type=int, dest="local_epochs")
@@ -428,15 +433,12 @@ def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) 
 
 def _model_help() -> str:
     "Every model `--model` takes: fglit's and those registered (`fglit.own_model.register_model`, entry points `fglit.models`)."
-    from fglit.models import model_names
-    return "default GCN (node tasks) or GIN (graph tasks); one of " + ", ".join(model_names())
-
-def _partition_help() -> str:
-    from fglit.partition import PARTITION_ALIASES, PARTITIONERS
-    return ", ".join(PARTITIONERS) + " (also: " + ", ".join(f"{a} = {m}" for a, m in PARTITION_ALIASES.items()) + ")"
+    return "default GCN (node tasks) or GIN (graph tasks); one of " + ", ".join(known_models())
 
 def build_parser() -> argparse.ArgumentParser:
+    "The `fglit` command's parser: built from `fglit.catalogue`, it imports no torch (installed plugins aside, see 06a_catalogue)."
     from fglit import __version__
+    algorithms = known_algorithms()
     parser = argparse.ArgumentParser(prog="fglit", description="fglit: federated graph learning, reproduced.")
     parser.add_argument("--version", action="version", version=f"fglit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -448,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("partition", help="partition a dataset into clients and print the per-client report")
     p.add_argument("--dataset", required=True, help="a registered name, a name PyG knows or a file written by torch.save (.pt)")
     p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: inferred)")
-    p.add_argument("--method", help=_partition_help())
+    p.add_argument("--method", help=partition_help())
     p.add_argument("--clients", type=int)
     p.add_argument("--file", help="read a partition file (.npz / .json, see fglit.partition.load_partition_file) instead of making one")
     p.add_argument("--save", metavar="FILE", help="write the partition to FILE (.npz or .json), for another tool or --partition-file")
@@ -458,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_partition)
     p = sub.add_parser("run", help="a federated run of an algorithm (the main job)")
-    _add_run_arguments(p, _algorithm_names(), dataset_required=False)
+    _add_run_arguments(p, algorithms, dataset_required=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--partition-file", nargs="+", metavar="FILE", dest="partition_file",
                    help="run on a partition read from FILE (.npz/.json; one for all seeds or one per seed) instead of making one; "
@@ -472,8 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write the run's record to DIR: config.json, summary.json and its tables")
     p.add_argument("--log-csv", metavar="FILE", dest="log_csv", help="append every round's metrics to FILE as it runs")
     p.add_argument("--log-tensorboard", metavar="DIR", dest="log_tensorboard", help="every round's metrics as TensorBoard scalars in DIR")
-    from fglit.federation import POOLS            # already imported by _algorithm_names above
-    p.add_argument("--pool", choices=POOLS,
+    p.add_argument("--pool", choices=CATALOGUE["pools"],
                    help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")
     p.add_argument("--backend", choices=("inprocess", "flower-sim"), default="inprocess",
                    help="inprocess: fglit's simulator; flower-sim: Flower's simulation engine (fglit.flower)")
@@ -494,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("app", cmd_flower_app, "write a Flower App (pyproject.toml) for `flwr run` and print the deployment commands"),
                              ("local", cmd_flower_local, "run on a SuperLink and SuperNodes started on this machine (loopback)")):
         q = fsub.add_parser(name, help=text)
-        _add_run_arguments(q, _algorithm_names())
+        _add_run_arguments(q, algorithms)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, as for `fglit run`")
         q.add_argument("--root", default=None, help="data root on the nodes (default: each node's $FGLIT_DATA or data-root)")
@@ -547,26 +548,25 @@ def main(argv: list[str] | None = None) -> int:
     args.given_flags = {t.split("=")[0] for t in (sys.argv[1:] if argv is None else argv) if t.startswith("--")}
     try:
         return args.func(args)
-    except (DatasetError, UsageError) as err:
-        print(f"fglit: error: {err}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as err:            # an optional part (fglit.core.EXTRAS) this command needs
-        from fglit.core import EXTRAS
-        top = (err.name or "").split(".")[0]
-        if top not in EXTRAS: raise
-        print(f"fglit: error: this command needs {top}, which comes with fglit's '{EXTRAS[top]}' extra: "
-              f"pip install 'fglit[{EXTRAS[top]}]'", file=sys.stderr)
-        return 2
     except Exception as err:
-        if not _user_facing(err): raise
-        print(f"fglit: error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", file=sys.stderr)
+        message = _user_error(err)
+        if message is None: raise
+        print(f"fglit: error: {message}", file=sys.stderr)
         return 2
 
-def _user_facing(err: Exception) -> bool:
-    "Errors a user's settings or environment cause (one line, exit 2), as opposed to bugs (a traceback)."
-    from fglit.fl.config import ConfigError
-    kinds = [ConfigError]
-    if "fglit.secagg" in sys.modules: kinds.append(sys.modules["fglit.secagg"].SecAggError)
-    if "fglit.flower_app" in sys.modules: kinds.append(sys.modules["fglit.flower_app"].FlowerRunError)
-    if "fglit.reproduction" in sys.modules: kinds.append(sys.modules["fglit.reproduction"].ResultsFileBusy)
-    return isinstance(err, tuple(kinds))
+def _user_error(err: Exception) -> str | None:
+    """The line an error a user's input or environment causes prints (exit 2); None for a bug (its traceback). The error
+    classes are looked up in the modules that raise them, only when loaded: the CLI imports none of them up front."""
+    loaded = lambda module, name: [getattr(sys.modules[module], name)] if module in sys.modules else []
+    if isinstance(err, (UsageError, *loaded("fglit.data", "DatasetError"))):
+        return str(err)
+    if isinstance(err, ModuleNotFoundError):        # an optional part (fglit.core.EXTRAS) this command needs
+        from fglit.core import EXTRAS
+        top = (err.name or "").split(".")[0]
+        if top not in EXTRAS: return None
+        return f"this command needs {top}, which comes with fglit's '{EXTRAS[top]}' extra: pip install 'fglit[{EXTRAS[top]}]'"
+    kinds = (*loaded("fglit.fl.config", "ConfigError"), *loaded("fglit.secagg", "SecAggError"),
+             *loaded("fglit.flower_app", "FlowerRunError"), *loaded("fglit.reproduction", "ResultsFileBusy"))
+    if isinstance(err, kinds):
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
