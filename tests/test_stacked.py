@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_declared_algorithms_are_the_stacked_ones():
-    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedprox", "fedproto", "fedtgp", "moon", "scaffold", "standalone"]
+    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedproto", "fedprox", "fedtgp", "moon", "scaffold", "standalone"]
 
 
 def test_run_with_the_stacked_engine_matches_the_sequential_one_without_dropout():
