@@ -24,12 +24,12 @@ from .core import cpu_threads, get_device, reseed_torch, seed_everything
 from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
                               get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
 from .fl.loop import ClientFacts, Transport, needs_uplink, run_rounds
-from .flower_records import META, flower_nbytes, get_message, put_message, record_meta
+from .flower_records import META, flower_nbytes, get_message, put_message, record_meta, wire_sizes
 
 # %% auto #0
-__all__ = ['STATE_CLIENT', 'STATE_NODE', 'client_app', 'DROPPED_COLUMNS', 'server_app', 'FlowerRun', 'resolve_config', 'node_cid',
-           'make_client_app', 'FlowerRunError', 'wait_for_nodes', 'FlowerRunResult', 'FlowerTransport', 'serve',
-           'make_server_app']
+__all__ = ['STATE_CLIENT', 'STATE_NODE', 'STATE_STYPE', 'client_app', 'DROPPED_COLUMNS', 'server_app', 'FlowerRun',
+           'resolve_config', 'node_cid', 'make_client_app', 'FlowerRunError', 'wait_for_nodes', 'FlowerRunResult',
+           'FlowerTransport', 'serve', 'make_server_app']
 
 # %% ../nbs/07b_flower_app.ipynb #8c12f00d
 @dataclass
@@ -74,6 +74,7 @@ def resolve_config(algorithm: str, dataset_name: str, task: str, partition: str,
 _PARTITIONS: dict = {}       # per process: (dataset, method, k, seed, settings, root) -> (dataset, Partition)
 _LIVE: dict = {}             # per process: (run id, node id) -> (version, fglit client)
 STATE_CLIENT, STATE_NODE = "fglit.client", "fglit.node"
+STATE_STYPE = "fglit.pickle"   # the node's pickled client: its bytes as they are (no NumPy serialisation around them)
 
 def _node_partition(run: FlowerRun, part_params: dict, root: str | None):
     from fglit.data import load_dataset
@@ -103,7 +104,8 @@ def _save_client(context: Context, client, version: int) -> None:
     "Keep `client` (the node's `(fglit client, uplink half or None)`) in the node's state as version `version`."
     buf = io.BytesIO()
     torch.save(client, buf)
-    context.state[STATE_CLIENT] = ArrayRecord(array_dict={"pickle": Array(np.frombuffer(buf.getvalue(), dtype=np.uint8))})
+    data = buf.getvalue()
+    context.state[STATE_CLIENT] = ArrayRecord(array_dict={"pickle": Array(dtype="uint8", shape=(len(data),), stype=STATE_STYPE, data=data)})
     context.state[STATE_NODE] = ConfigRecord({"version": version})
     _LIVE[(context.run_id, context.node_id)] = (version, client)
 
@@ -115,8 +117,7 @@ def _load_client(context: Context):
     live = _LIVE.get((context.run_id, context.node_id))
     if live is not None and live[0] == version:
         return live[1], version
-    data = context.state[STATE_CLIENT]["pickle"].numpy().tobytes()
-    client = torch.load(io.BytesIO(data), weights_only=False)
+    client = torch.load(io.BytesIO(context.state[STATE_CLIENT]["pickle"].data), weights_only=False)
     return client, version
 
 def _reply(message: Message, content: RecordDict) -> Message:
@@ -237,13 +238,16 @@ def _why(error) -> str:
     return f"{_error_name(error.code)}: {lines[-1][:200]}" if lines else _error_name(error.code)
 
 def _exchange(grid: Grid, messages: dict, timeout: float, poll: float = 0.2) -> tuple[dict, dict]:
-    "Push `messages` (`{key: Message}`), pull the replies: `(replies, lost)`, `lost` = `{key: why}` for error replies and those missing after `timeout` s."
+    """Push `messages` (`{key: Message}`), pull the replies: `(replies, lost)`, `lost` = `{key: why}` for error replies and those missing after `timeout` s.
+    Polls after 5 ms, then twice as long each time up to `poll` s: a fast exchange is not kept waiting a whole `poll`."""
     ids = dict(zip(grid.push_messages(list(messages.values())), messages))
-    replies, deadline = {}, time.monotonic() + timeout
+    replies, deadline, wait = {}, time.monotonic() + timeout, min(0.005, poll)
     while len(replies) < len(ids) and time.monotonic() < deadline:
         for r in grid.pull_messages([i for i, c in ids.items() if c not in replies]):
             replies[ids[r.metadata.reply_to_message_id]] = r
-        if len(replies) < len(ids): time.sleep(poll)
+        if len(replies) < len(ids):
+            time.sleep(wait)
+            wait = min(2 * wait, poll)
     lost = {key: _why(r.error) for key, r in replies.items() if r.has_error()}
     lost.update({key: f"no reply within {timeout:.0f}s" for key in messages if key not in replies})
     return {key: r for key, r in replies.items() if key not in lost}, lost
@@ -255,7 +259,13 @@ class _Wire:
 
     def add(self, rnd: int, cid: int, direction: str, message: Message, parts: dict[str, int]) -> None:
         "`parts`: what the message carries, kind -> fglit's `message_nbytes` of it (`setup`, `train`, `evaluate`)."
-        self.rows.append((rnd, cid, "+".join(parts), direction, flower_nbytes(message), sum(parts.values())))
+        self.add_all([(rnd, cid, direction, message, parts)])
+
+    def add_all(self, rows: list) -> None:
+        "`add` for each `(rnd, cid, direction, message, parts)` of an exchange, their sizes in one `wire_sizes` (shared arrays hashed once)."
+        sizes = wire_sizes([m for _, _, _, m, _ in rows])
+        self.rows.extend((rnd, cid, "+".join(parts), direction, n, sum(parts.values()))
+                         for (rnd, cid, direction, _, parts), n in zip(rows, sizes))
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=["round", "client", "kind", "direction", "flower_bytes", "fglit_bytes"])
@@ -338,14 +348,15 @@ class FlowerTransport(Transport):
             raise FlowerRunError("setup (round 0): the run needs every client at its start; lost "
                                  + "; ".join(f"SuperNode {nodes[i]} ({why})" for i, why in sorted(lost.items())))
         self.node_of, self.metas = {}, {}
+        wire = []
         for i, reply in by_index.items():
             meta = record_meta(reply.content)
             cid = int(meta["cid"])
             if cid in self.node_of:
                 raise FlowerRunError(f"SuperNodes {self.node_of[cid]} and {nodes[i]} both hold client {cid}; give each a distinct partition-id")
             self.node_of[cid], self.metas[cid] = nodes[i], meta
-            self.wire.add(0, cid, "down", setup[i], {"setup": 0})
-            self.wire.add(0, cid, "up", reply, {"setup": 0})
+            wire += [(0, cid, "down", setup[i], {"setup": 0}), (0, cid, "up", reply, {"setup": 0})]
+        self.wire.add_all(wire)
         if sorted(self.node_of) != list(range(run.clients)):
             raise FlowerRunError(f"the SuperNodes hold clients {sorted(self.node_of)}, the run needs exactly 0..{run.clients - 1}")
         facts = {(m["dataset"], m["task"], int(m["num_features"]), int(m["num_classes"])) for m in self.metas.values()}
@@ -364,43 +375,49 @@ class FlowerTransport(Transport):
         return [c for c in cids if c not in self.gone]
 
     def train(self, rnd, seed, messages, seal, show=False):
-        out = {cid: self._send(cid, put_message(RecordDict(), m), "train", rnd, {"round": rnd, "seed": seed, "seal": bool(seal)})
-               for cid, m in messages.items()}
+        shared = {}                    # one Array per tensor object: a broadcast's global model converted once
+        out = {cid: self._send(cid, put_message(RecordDict(), m, shared=shared), "train", rnd,
+                               {"round": rnd, "seed": seed, "seal": bool(seal)}) for cid, m in messages.items()}
         replies = self._exchange(out, "train", rnd)
-        result = {}
+        result, wire = {}, []
         for cid in messages:
-            self.wire.add(rnd, cid, "down", out[cid], {"train": message_nbytes(messages[cid])})
+            wire.append((rnd, cid, "down", out[cid], {"train": message_nbytes(messages[cid])}))
             if cid in replies:
                 result[cid] = get_message(replies[cid].content)
-                self.wire.add(rnd, cid, "up", replies[cid], {"train": message_nbytes(result[cid])})
+                wire.append((rnd, cid, "up", replies[cid], {"train": message_nbytes(result[cid])}))
+        self.wire.add_all(wire)
         return result
 
     def uplink(self, rnd, step, messages, context):
         what = f"uplink.{step}"
-        out = {cid: self._send(cid, put_message(RecordDict(), m), "query.uplink", rnd,
+        shared = {}
+        out = {cid: self._send(cid, put_message(RecordDict(), m, shared=shared), "query.uplink", rnd,
                                {"round": rnd, "step": step, "context": json.dumps(context)}) for cid, m in messages.items()}
         replies = self._exchange(out, what, rnd)
-        result = {}
+        result, wire = {}, []
         for cid in messages:
-            self.wire.add(rnd, cid, "down", out[cid], {what: message_nbytes(messages[cid])})
+            wire.append((rnd, cid, "down", out[cid], {what: message_nbytes(messages[cid])}))
             if cid in replies:
                 result[cid] = _as_numpy(get_message(replies[cid].content, device="cpu"))
-                self.wire.add(rnd, cid, "up", replies[cid], {what: message_nbytes(result[cid])})
+                wire.append((rnd, cid, "up", replies[cid], {what: message_nbytes(result[cid])}))
+        self.wire.add_all(wire)
         return result
 
     def evaluate(self, rnd, messages):
-        out = {cid: self._send(cid, put_message(RecordDict(), m or {}, "fglit.eval"), "evaluate", rnd,
+        shared = {}
+        out = {cid: self._send(cid, put_message(RecordDict(), m or {}, "fglit.eval", shared=shared), "evaluate", rnd,
                                {"round": rnd, "eval_global": m is not None}) for cid, m in messages.items()}
         replies = self._exchange(out, "evaluate", rnd)
-        rows = []
+        rows, wire = [], []
         for cid, m in messages.items():
-            self.wire.add(rnd, cid, "down", out[cid], {"evaluate": message_nbytes(m or {})})
+            wire.append((rnd, cid, "down", out[cid], {"evaluate": message_nbytes(m or {})}))
             if cid not in replies: continue
-            self.wire.add(rnd, cid, "up", replies[cid], {"evaluate": 0})
+            wire.append((rnd, cid, "up", replies[cid], {"evaluate": 0}))
             for key, record in replies[cid].content.items():
                 if key.startswith("fglit.scores."):
                     s = dict(record.items())
                     rows.append((cid, key.removeprefix("fglit.scores."), {**s, "n": int(s["n"])}))
+        self.wire.add_all(wire)
         return rows
 
     def round_done(self, rnd, clients):

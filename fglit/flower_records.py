@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from torch import Tensor
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
 from .core import get_device
 
 # %% auto #0
 __all__ = ['META', 'RAW_STYPE', 'tensor_to_array', 'array_to_tensor', 'put_message', 'get_message', 'message_to_record',
-           'record_to_message', 'record_meta', 'flower_nbytes']
+           'record_to_message', 'record_meta', 'wire_sizes', 'flower_nbytes']
 
 # %% ../nbs/07a_flower_records.ipynb #6fc824e5
 META = "fglit.meta"
@@ -35,21 +35,28 @@ def array_to_tensor(array: Array) -> Tensor:
     if array.stype == RAW_STYPE:
         raw = torch.frombuffer(bytearray(array.data), dtype=torch.uint8) if array.data else torch.empty(0, dtype=torch.uint8)
         return raw.view(getattr(torch, array.dtype)).reshape(tuple(array.shape)).clone()
-    return torch.from_numpy(np.array(array.numpy(), copy=True))
+    out = array.numpy()                    # NumPy's own deserialisation: a new array
+    return torch.from_numpy(out if out.flags.writeable else out.copy())
 
 def _check_scalar(key: str, value) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
         raise TypeError(f"message field {key!r}: int {value} does not fit in 64 bits")
 
-def put_message(record: RecordDict, message: dict, prefix: str = "fglit") -> RecordDict:
-    "Add an fglit message to `record` as the records `<prefix>.arrays`, `<prefix>.values`, `<prefix>.none` (those it needs)."
+def put_message(record: RecordDict, message: dict, prefix: str = "fglit", shared: dict | None = None) -> RecordDict:
+    """Add an fglit message to `record` as the records `<prefix>.arrays`, `<prefix>.values`, `<prefix>.none` (those it needs).
+    `shared` (a dict kept across the messages of one exchange): a tensor object already converted for another message
+    there reuses that `Array` (a broadcast's one global model: converted, and its wire id hashed, once, not per client)."""
     arrays, values, nones = {}, {}, {}
     for key in sorted(message):
         value = message[key]
         if not isinstance(key, str):
             raise TypeError(f"message keys must be strings, got {key!r}")
         if isinstance(value, (Tensor, np.ndarray)):
-            arrays[key] = tensor_to_array(value)
+            if shared is None:
+                arrays[key] = tensor_to_array(value)
+            else:                          # keyed by the object; the entry holds it, so its id is not reused
+                if id(value) not in shared: shared[id(value)] = (value, tensor_to_array(value))
+                arrays[key] = shared[id(value)][1]
         elif value is None:
             nones[key] = True
         elif isinstance(value, (bool, int, float, str)):
@@ -83,6 +90,12 @@ def record_to_message(record: RecordDict) -> dict:
 def record_meta(record: RecordDict) -> dict:
     return dict(record[META].items()) if META in record else {}
 
+def wire_sizes(messages: list) -> list[int]:
+    """`flower_nbytes` of each of `messages` (Flower messages or record dicts), each object's wire id hashed once: Flower
+    recomputes a parent's children's ids on every deflation, and a broadcast's messages share their `Array`s (`shared`)."""
+    with no_object_id_recompute():
+        return [sum(len(obj.deflate()) for obj in get_all_nested_objects(m).values()) for m in messages]
+
 def flower_nbytes(message: Message | RecordDict) -> int:
     "Bytes of a Flower message (or record dict) as Flower serialises it for the wire: the sum of its deflated objects (message, records, arrays, array chunks; identical chunks once)."
-    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+    return wire_sizes([message])[0]
