@@ -27,7 +27,7 @@ __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'Sta
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
-    "Node clients' subgraphs as one padded block-diagonal graph: client `k`'s node `i` sits at row `k * n_max + i`."
+    "Node clients' subgraphs as one padded block-diagonal graph: client `k`'s node `i` sits at row `k * n_max + i` (`data`: `LocalData`s, or anything with `.graph` and `.masks`; a graph's `edge_weight` is used when present)."
     def __init__(self, data: list[LocalData]):
         graphs = [d.graph for d in data]
         device = graphs[0].x.device
@@ -44,7 +44,10 @@ class ClientStack:
         edge_counts = torch.tensor([g.edge_index.size(1) for g in graphs], device=device)
         ei = torch.cat([g.edge_index for g in graphs], 1)
         self.edge_index = ei + torch.repeat_interleave(torch.arange(K, device=device) * n_max, edge_counts)
-        self.adj = SparseOperand(adjacency(self.edge_index, n, "gcn", self.x.dtype))
+        weights = [getattr(g, "edge_weight", None) for g in graphs]
+        weight = None if all(w is None for w in weights) else torch.cat(
+            [w if w is not None else torch.ones(g.edge_index.size(1), device=device) for w, g in zip(weights, graphs)])
+        self.adj = SparseOperand(adjacency(self.edge_index, n, "gcn", self.x.dtype, weight))
         self.y = torch.zeros(n, dtype=torch.long, device=device); self.y[self.rows] = torch.cat([g.y for g in graphs])
         self.client = torch.arange(n, device=device) // n_max
         self.masks = {}
@@ -62,6 +65,16 @@ class ClientStack:
         return SparseOperand(torch.sparse_csr_tensor(crow, col + self.client[row] * d, x[row, col], (x.size(0), self.num_clients * d),
                                                      check_invariants=False))
 
+    @classmethod
+    def replicate(cls, x: Tensor, edge_index: Tensor, y: Tensor, copies: int, edge_weight: Tensor | None = None) -> "ClientStack":
+        "`copies` clients holding the same graph, every node a training node (O-pFGL's surrogate graph, which every client trains on)."
+        from types import SimpleNamespace
+        from torch_geometric.data import Data
+        g = Data(x=x, edge_index=edge_index, y=y, edge_weight=edge_weight)
+        masks = {"train": torch.ones(x.size(0), dtype=torch.bool, device=x.device),
+                 **{s: torch.zeros(x.size(0), dtype=torch.bool, device=x.device) for s in ("val", "test")}}
+        return cls([SimpleNamespace(graph=g, masks=masks)] * copies)
+
     def first_layer(self, W: Tensor, p: float, training: bool) -> Tensor:
         "Every client's $\\mathrm{dropout}(X_k) W_k$ (`W`: `[K, d, h]`) as `[K, n_max, h]`: one sparse product for sparse features, else a batched product."
         K = self.num_clients
@@ -69,14 +82,19 @@ class ClientStack:
         return spmm(dropout(self.x_blocks, p, training), W.reshape(-1, W.size(-1))).view(K, self.n_max, -1)
 
 # %% ../../nbs/fl/07_stacked.ipynb #0fe02a97
-def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool) -> tuple[Tensor, Tensor]:
+def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False) -> tuple[Tensor, Tensor]:
     K, n_max = stack.num_clients, stack.n_max
     h = None
-    for i in range(layers):
+    for i in range(layers - propagate_out):
         W, b = params[f"encoder.convs.{i}.weight"], params[f"encoder.convs.{i}.bias"]
         z = stack.first_layer(W, p, training) if i == 0 else torch.bmm(dropout(h, p, training), W)
         h = F.relu(spmm(stack.adj, z.reshape(K * n_max, -1)).view(K, n_max, -1) + b.unsqueeze(1))
+    if propagate_out: h = spmm(stack.adj, h.reshape(K * n_max, -1)).view(K, n_max, -1)
     return h, _head(params, h, p, training)
+
+def _kipf_gcn_forward(params, stack, layers, p, training):
+    "Kipf & Welling's form (`kipfgcn`): `layers - 1` GCN layers, then one more propagation before the head."
+    return _gcn_forward(params, stack, layers, p, training, propagate_out=True)
 
 
 def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool) -> tuple[Tensor, Tensor]:
@@ -93,7 +111,7 @@ def _head(params, h, p, training):
     return torch.baddbmm(b.unsqueeze(1), dropout(h, p, training), W.transpose(1, 2))
 
 
-STACKED_FORWARDS: dict[str, Callable] = {"gcn": _gcn_forward, "mlp": _mlp_forward}
+STACKED_FORWARDS: dict[str, Callable] = {"gcn": _gcn_forward, "kipfgcn": _kipf_gcn_forward, "mlp": _mlp_forward}
 
 # %% ../../nbs/fl/07_stacked.ipynb #d04d08ca
 def stackable(spec: ModelSpec) -> str:
@@ -103,6 +121,16 @@ def stackable(spec: ModelSpec) -> str:
         return f"the stacked engine runs these models (without options): {', '.join(sorted(STACKED_FORWARDS))}; this run's model is {spec.describe()}"
     return ""
 
+
+def _fused_adam_works(device, dtype) -> bool:
+    "Whether torch's fused Adam kernel runs on this device and dtype."
+    try:
+        p, g = torch.zeros(2, device=device, dtype=dtype), torch.ones(2, device=device, dtype=dtype)
+        torch._fused_adam_([p], [g], [torch.zeros_like(p)], [torch.zeros_like(p)], [], [torch.tensor(1.0, device=device)],
+                           lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
 
 class StackedParams:
     "One model's parameters for `K` clients as tensors `[K, *shape]`, in the order of the model's `flat_state`, with per-client Adam/SGD state."
@@ -117,14 +145,26 @@ class StackedParams:
         self.m = [torch.zeros_like(t) for t in self.tensors]
         self.v = [torch.zeros_like(t) for t in self.tensors] if self.kind == "adam" else []
         self.steps = torch.zeros(self.K, dtype=torch.long, device=flat.device)
-        self._adam = None           # torch's fused Adam over the stacked tensors, sharing `m` and `v`: the step when every client steps from the same count
-        if self.kind == "adam":
-            try:
-                self._adam = torch.optim.Adam(self.tensors, lr=self.lr, weight_decay=self.wd, fused=True)
-                for p, m, v in zip(self.tensors, self.m, self.v):
-                    self._adam.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": m, "exp_avg_sq": v}
-            except (RuntimeError, ValueError):     # no fused kernel for this device or dtype
-                self._adam = None
+        self._fused = self.kind == "adam" and _fused_adam_works(flat.device, flat.dtype)   # the kernel the sequential clients' Adam runs
+
+    def _fused_step(self, active: Tensor, betas, eps) -> None:
+        "Adam with torch's fused kernel, the one the sequential clients' optimizers run: one call per group of active clients at the same step count (in place when that is every client)."
+        with_grad = [i for i, p in enumerate(self.tensors) if p.grad is not None]
+        if bool(active.all()) and bool((self.steps == self.steps[0]).all()):
+            groups = [(None, int(self.steps[0]))]
+        else:
+            groups = [((active & (self.steps == t)).nonzero().squeeze(1), t) for t in torch.unique(self.steps[active]).tolist()]
+        for rows, t in groups:
+            take = (lambda s: s) if rows is None else (lambda s: s.index_select(0, rows))
+            ps, gs = [take(self.tensors[i].detach()) for i in with_grad], [take(self.tensors[i].grad) for i in with_grad]
+            ms, vs = [take(self.m[i]) for i in with_grad], [take(self.v[i]) for i in with_grad]
+            step = torch.tensor(float(t + 1), device=self.steps.device)
+            torch._fused_adam_(ps, gs, ms, vs, [], [step] * len(ps), lr=self.lr, beta1=betas[0], beta2=betas[1],
+                               weight_decay=self.wd, eps=eps, amsgrad=False, maximize=False)
+            if rows is not None:
+                for j, i in enumerate(with_grad):
+                    self.tensors[i].detach().index_copy_(0, rows, ps[j]); self.m[i].index_copy_(0, rows, ms[j]); self.v[i].index_copy_(0, rows, vs[j])
+        self.steps += active.long()
 
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.names, self.tensors))
@@ -151,14 +191,18 @@ class StackedParams:
     def zero_grad(self) -> None:
         for t in self.tensors: t.grad = None
 
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        "A fresh optimizer for every client, as building a new one does (O-pFGL's stages), optionally with another learning rate."
+        if lr is not None: self.lr = lr
+        for t in self.m + self.v: t.zero_()
+        self.steps.zero_()
+
     @torch.no_grad()
     def step(self, active: Tensor, betas=(0.9, 0.999), eps=1e-8) -> None:
         "One optimizer step for the clients where `active` (`[K]` bool) holds; the others are left exactly as they are."
         idx = None if bool(active.all()) else active.nonzero().squeeze(1)     # all active: in place, no gathering
-        if idx is None and self._adam is not None and bool((self.steps == self.steps[0]).all()):
-            for p in self.tensors: self._adam.state[p]["step"].fill_(float(self.steps[0]))
-            self._adam.step()                      # one fused kernel; `m`, `v` are its state tensors
-            self.steps += 1
+        if self._fused:
+            self._fused_step(active, betas, eps)
             return
         self.steps += active.long()
         t = (self.steps if idx is None else self.steps[idx]).to(self.tensors[0].dtype)
@@ -216,13 +260,13 @@ class StackedClients:
         return {c: {} for c in cids}
 
     # -- the loop ----------------------------------------------------------------------------
-    def forward(self, params: dict | None = None, training: bool = True) -> tuple[Tensor, Tensor]:
-        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph."
-        return self.forward_fn(params or self.params.as_dict(), self.stack, self.spec.layers, self.spec.dropout, training)
+    def forward(self, params: dict | None = None, training: bool = True, stack: ClientStack | None = None) -> tuple[Tensor, Tensor]:
+        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s)."
+        return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training)
 
-    def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
-        "Sum over the active clients of each one's mean cross-entropy on its training nodes."
-        s = self.stack
+    def train_loss(self, logits: Tensor, active: Tensor, stack: ClientStack | None = None) -> Tensor:
+        "Sum over the active clients of each one's mean cross-entropy on its training nodes (of its own graph, or `stack`'s)."
+        s = stack or self.stack
         mask = s.masks["train"] & active[s.client]
         per_node = F.cross_entropy(logits.reshape(-1, logits.size(-1))[mask], s.y[mask], reduction="none")
         return (per_node / s.num_train[s.client[mask]].to(per_node.dtype)).sum()
@@ -280,7 +324,7 @@ class Stacked(InProcess):
         else:                 # every client is sent the server's weights in round 1, before it trains or is scored: one model's draws serve all
             init = [flat_state(spec.build())] * len(self.data)
         self.group = kind(self.data, config, spec, init)
-        self.clients = [_ClientView(self.group, i) for i in range(len(self.data))]
+        self.clients = getattr(self.group, "clients", None) or [_ClientView(self.group, i) for i in range(len(self.data))]   # a stack may keep real clients
         self.start_uplink(algorithm, config, spec, seed)
 
     def train(self, rnd, seed, messages, seal, show=False):
