@@ -45,3 +45,13 @@ def test_client_scaling_benchmark_runs_on_a_tiny_size(tmp_path):
     rows = pd.read_csv(out)
     assert rows[["clients", "engine"]].values.tolist() == [[3, "sequential"], [3, "stacked"], [6, "sequential"], [6, "stacked"]]
     assert rows.error.isna().all() and (rows.simulate_s > 0).all() and rows.test_accuracy.between(0, 1).all()
+
+
+def test_opfgl_engines_benchmark_runs_on_a_tiny_size(tmp_path):
+    out = tmp_path / "opfgl.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "opfgl_engines.py"), "--seeds", "0", "--out", str(out), "--set",
+                           "surrogate_iters=20", "stage1_iters=20", "finetune_iters=20"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows.engine.tolist() == ["sequential", "stacked"] and (rows.simulate_s > 0).all()
+    assert rows.accuracy.iloc[0] == rows.accuracy.iloc[1]          # O-pFGL has no dropout: the engines agree
