@@ -55,3 +55,13 @@ def test_opfgl_engines_benchmark_runs_on_a_tiny_size(tmp_path):
     rows = pd.read_csv(out)
     assert rows.engine.tolist() == ["sequential", "stacked"] and (rows.simulate_s > 0).all()
     assert rows.accuracy.iloc[0] == rows.accuracy.iloc[1]          # O-pFGL has no dropout: the engines agree
+
+
+@pytest.mark.parametrize("privacy", [{"secure_aggregation": True}, {"dp_noise": 0.5, "dp_clip": 1.0, "dp_seeded_noise": True}])
+def test_the_uplink_works_the_same_on_the_stacked_engine(privacy):
+    "Each client still seals its own reply: secure aggregation and (seeded) DP noise give the sequential engine's results."
+    kw = dict(rounds=2, local_epochs=1, seeds=(0,), progress=False)
+    a = run("fedavg", "Cora", "metis", 4, settings={"dropout": 0.0, **privacy}, **kw).runs[0]
+    b = run("fedavg", "Cora", "metis", 4, settings={"dropout": 0.0, "engine": "stacked", **privacy}, **kw).runs[0]
+    assert (a.per_round().test_accuracy - b.per_round().test_accuracy).abs().max() <= 1e-5
+    assert a.communication.bytes.sum() == b.communication.bytes.sum()
