@@ -3,11 +3,18 @@ wall time and peak memory of each stage: generating the graph (fglit.synthetic),
 and a short FedAvg run on the partition.
 
     .venv/bin/python benchmarks/synthetic_scale.py [--sizes 100000:2500000 2449029:61859140] [--clients 10 100]
-        [--partitions metis louvain] [--rounds 1] [--stages generate partition fedavg] [--out results/bench/synthetic_scale.csv]
+        [--partitions metis louvain louvain:igraph] [--rounds 1] [--stages generate partition fedavg]
+        [--graph-cache DIR] [--out results/bench/synthetic_scale.csv]
 
 Each (size, stage) runs in its own process, so its peak resident memory (ru_maxrss) is its own; a stage that runs past
 --timeout seconds is recorded as such. One torch thread (OMP_NUM_THREADS=1), as every fglit timing. Rows are appended
 with the machine, the load and the commit; `--sizes 2000:10000 --clients 2` is the tiny check CI can afford.
+
+A partition `louvain:igraph` (or `louvain+:igraph`) is that partitioner with `louvain_backend='igraph'` (the `igraph`
+extra); plain `louvain` is networkx's. With --graph-cache DIR the partition and fedavg stages generate each graph once,
+keep it in DIR (torch.save of x, edge_index, y; not committed) and load it (memory-mapped) in later stages: their rows
+then have `graph=cache` and the load time in `load_s` instead of `generate_s` (peak memory still counts the graph);
+a graph not in DIR yet is generated first by a generate stage of its own (its row is recorded).
 """
 from __future__ import annotations
 
@@ -27,17 +34,34 @@ import json, resource, sys, time
 import torch
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
-n, m, clients, method, rounds, stage = json.loads(sys.argv[1])
+n, m, clients, method, rounds, stage, cache = json.loads(sys.argv[1])
+from pathlib import Path
+path = Path(cache) / f"synthetic-{n}-{m}-47c-100f-h0.8-s0.pt" if cache else None
 t = time.perf_counter()
-g = synthetic_graph(n, m, 47, 100, homophily=0.8, feature_signal=0.5, seed=0)
-out = {"generate_s": time.perf_counter() - t, "directed_edges": int(g.edge_index.size(1))}
+if path is not None and path.exists() and stage != "generate":
+    from torch_geometric.data import Data
+    st = torch.load(path, mmap=True, weights_only=True)
+    g = Data(x=st["x"], edge_index=st["edge_index"], y=st["y"], num_nodes=n)
+    out = {"load_s": time.perf_counter() - t, "graph": "cache"}
+else:
+    g = synthetic_graph(n, m, 47, 100, homophily=0.8, feature_signal=0.5, seed=0)
+    out = {"generate_s": time.perf_counter() - t, "graph": "generated"}
+    if path is not None and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"x": g.x, "edge_index": g.edge_index, "y": g.y}, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
+out["directed_edges"] = int(g.edge_index.size(1))
 if stage in ("partition", "fedavg"):
     from fglit.own_data import as_dataset
     from fglit.partition import partition
     ds = as_dataset(g, name=f"synthetic-{n}")
+    name, _, backend = method.partition(":")
     t = time.perf_counter()
-    p = partition(ds, method, clients, seed=0, cache=False)
+    p = partition(ds, name, clients, seed=0, cache=False, **({"louvain_backend": backend} if backend else {}))
     out["partition_s"] = time.perf_counter() - t
+    sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=clients)
+    out.update(covered=int(p.covered), min_client=int(sizes.min()), max_client=int(sizes.max()),
+               communities=p.info.get("communities"))
     if stage == "fedavg":
         from fglit.federation import run
         t = time.perf_counter()
@@ -49,7 +73,8 @@ print(json.dumps(out))
 
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
-          "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error"]
+          "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
+          "covered", "min_client", "max_client", "communities"]
 
 
 def commit() -> str:
@@ -67,24 +92,28 @@ def main() -> int:
     ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--graph-cache", type=Path, default=None, help="keep each generated graph here; later stages load it")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "synthetic_scale.csv")
     o = ap.parse_args()
     from fglit.reproduction import append_row
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=commit(),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=1)
-    jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages]
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=commit(), threads=1)
+    cached = lambda size: o.graph_cache is not None and (o.graph_cache / f"synthetic-{size.replace(':', '-')}-47c-100f-h0.8-s0.pt").exists()
+    needs_graph = bool({"partition", "fedavg"} & set(o.stages)) and o.graph_cache is not None
+    jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
     jobs += [(size, stage, method, k) for size in o.sizes for stage in ("partition", "fedavg") if stage in o.stages
              for method in o.partitions for k in o.clients]
     rows = []
     for size, stage, method, k in jobs:
         n, m = (int(v) for v in size.split(":"))
-        args = json.dumps([n, m, k, method, o.rounds, stage])
-        row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k)
+        args = json.dumps([n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None])
+        row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, load=round(os.getloadavg()[0], 2),
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         try:
             out = subprocess.run([sys.executable, "-c", STAGE, args], capture_output=True, text=True, env=env, timeout=o.timeout)
             row.update(json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else
-                       dict(error=(out.stderr.strip().splitlines() or ["?"])[-1][:200]))
+                       dict(error=(out.stderr.strip().splitlines() or ["?"])[-1][:200] if out.returncode > 0 else
+                            f"killed by signal {-out.returncode}"))
         except subprocess.TimeoutExpired:
             row.update(error=f"over {o.timeout:.0f} s")
         print(json.dumps(row), flush=True)

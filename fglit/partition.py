@@ -33,7 +33,7 @@ _all_ = ["SPLIT_PRESETS", "DEFAULT_SPLIT", "NODE_METHODS", "GRAPH_METHODS", "res
          "plot_partition"]   # re-exported: `from fglit.partition import *` gives what it gave before the split
 
 # %% auto #0
-__all__ = ['PARTITIONERS', 'CACHE_FORMAT', 'CACHE_VERSION', 'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT',
+__all__ = ['PARTITIONERS', 'CACHE_FORMAT', 'CACHE_VERSION', 'KEY_NEUTRAL_DEFAULTS', 'PARTITION_ALIASES', 'PARTITION_FILE_FORMAT',
            'PARTITION_FILE_VERSION', 'FEDGLS_TABLE4', 'partition_key', 'partition_path', 'canonical_method',
            'partition', 'PartitionFileError', 'from_assignment', 'load_partition_file', 'save_partition_file',
            'fedgls_table4', 'SPLIT_PRESETS', 'DEFAULT_SPLIT', 'NODE_METHODS', 'GRAPH_METHODS', 'resolve_split',
@@ -63,6 +63,10 @@ def partition_key(src, method: str, num_clients: int, seed: int, params: dict) -
                    params=_jsonable(params))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
+# Parameters added after partitions were cached: at this default they stay out of the key (and of `params`), so
+# the partitions cached before them keep their keys.
+KEY_NEUTRAL_DEFAULTS = {"louvain_backend": "networkx"}
+
 def _normalised_params(fn, src, num_clients, seed, params: dict) -> dict:
     sig = inspect.signature(fn)
     allowed = [k for k in sig.parameters if k not in ("dataset", "num_clients", "seed")]
@@ -76,6 +80,7 @@ def _normalised_params(fn, src, num_clients, seed, params: dict) -> dict:
         v, default = bound.arguments[k], sig.parameters[k].default
         if isinstance(default, float) and isinstance(v, (int, np.integer)) and not isinstance(v, bool):
             v = float(v)                     # alpha=1 and alpha=1.0 are one partition, one cache entry
+        if k in KEY_NEUTRAL_DEFAULTS and v == KEY_NEUTRAL_DEFAULTS[k]: continue
         out[k] = v
     out["split"] = list(resolve_split(out.get("split"), src.task))
     return _jsonable(out)

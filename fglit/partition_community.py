@@ -14,12 +14,13 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from .core import optional_import
 from .partition_core import (Partition, _as_source, _check_int, _check_real, _common, _need_task, _tail,
                                   resolve_split)
 
 # %% auto #0
-__all__ = ['LOUVAIN_PLUS_PACKING', 'louvain_labels', 'metis_labels', 'louvain', 'community_graph', 'louvain_plus', 'metis_plus',
-           'metis']
+__all__ = ['LOUVAIN_BACKENDS', 'LOUVAIN_PLUS_PACKING', 'louvain_labels', 'metis_labels', 'louvain', 'community_graph',
+           'louvain_plus', 'metis_plus', 'metis']
 
 # %% ../nbs/01b_partition_community.ipynb #d3a9cb7f
 def _simple_edges(edge_index, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -43,10 +44,16 @@ def _canonical(labels: np.ndarray) -> np.ndarray:
     rank[order] = np.arange(len(order))
     return rank[inv].astype(np.int64)
 
-def louvain_labels(edge_index, num_nodes: int, seed: int = 0, resolution: float = 1.0) -> np.ndarray:
-    "Louvain community of every node (networkx, seeded), canonically labelled: 0 is the largest community."
+LOUVAIN_BACKENDS = ("networkx", "igraph")
+
+def _check_backend(backend) -> str:
+    if not isinstance(backend, str) or backend not in LOUVAIN_BACKENDS:
+        raise ValueError(f"louvain_backend must be one of {list(LOUVAIN_BACKENDS)} ('igraph' needs the igraph extra: "
+                         f"pip install 'fglit[igraph]'), got {backend!r}")
+    return backend
+
+def _louvain_networkx(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, resolution: float) -> np.ndarray:
     import networkx as nx
-    u, v = _simple_edges(edge_index, num_nodes)
     G = nx.Graph()
     G.add_nodes_from(range(num_nodes))
     G.add_edges_from(zip(u.tolist(), v.tolist()))
@@ -55,7 +62,24 @@ def louvain_labels(edge_index, num_nodes: int, seed: int = 0, resolution: float 
     nodes = np.fromiter(chain.from_iterable(comms), np.int64, num_nodes)
     labels = np.empty(num_nodes, dtype=np.int64)
     labels[nodes] = np.repeat(np.arange(len(comms), dtype=np.int64), sizes)
-    return _canonical(labels)
+    return labels
+
+def _louvain_igraph(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, resolution: float) -> np.ndarray:
+    import random
+    ig = optional_import("igraph")
+    G = ig.Graph(n=num_nodes, edges=np.stack([u, v], 1), directed=False)
+    ig.set_random_number_generator(random.Random(int(seed)))     # igraph draws from this object: seeded, own stream
+    try:
+        return np.asarray(G.community_multilevel(resolution=resolution).membership, dtype=np.int64)
+    finally:
+        ig.set_random_number_generator(random)                   # igraph's default: Python's global `random`
+
+def louvain_labels(edge_index, num_nodes: int, seed: int = 0, resolution: float = 1.0,
+                   backend: str = "networkx") -> np.ndarray:
+    "Louvain community of every node (seeded; `backend` 'networkx' or 'igraph'), canonically labelled: 0 is the largest community."
+    detect = {"networkx": _louvain_networkx, "igraph": _louvain_igraph}[_check_backend(backend)]
+    u, v = _simple_edges(edge_index, num_nodes)
+    return _canonical(detect(u, v, num_nodes, seed, resolution))
 
 def metis_labels(edge_index, num_nodes: int, num_parts: int, seed: int = 0) -> np.ndarray:
     "METIS part (0..num_parts-1) of every node, seeded; parts may come back empty on tiny or odd graphs."
@@ -136,7 +160,8 @@ def _cluster_parts(parts: np.ndarray, y: np.ndarray, num_classes: int, num_clien
 
 # %% ../nbs/01b_partition_community.ipynb #a64d2c9f
 def louvain(dataset, num_clients: int, seed: int = 0, *, mode: str = "pack", resolution: float = 1.0,
-            delta: int | None = 20, split=None, folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
+            delta: int | None = 20, louvain_backend: str = "networkx", split=None, folds: int | None = None,
+            graphless_ratio: float = 0.0) -> Partition:
     "Louvain communities as clients: the K largest (`mode='largest'`, FedGLS) or all packed into K (`mode='pack'`, FedSage+)."
     src = _as_source(dataset); _need_task(src, "louvain", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "louvain")
@@ -146,7 +171,8 @@ def louvain(dataset, num_clients: int, seed: int = 0, *, mode: str = "pack", res
     if delta is not None:
         delta = _check_int("delta", delta, 0)
     params.update(mode=mode, resolution=resolution, delta=delta)
-    labels = louvain_labels(src.data.edge_index, src.size, seed, resolution)
+    if _check_backend(louvain_backend) != "networkx": params.update(louvain_backend=louvain_backend)
+    labels = louvain_labels(src.data.edge_index, src.size, seed, resolution, louvain_backend)
     found = int(labels.max()) + 1
     if mode == "largest":
         if K > found:
@@ -221,8 +247,9 @@ def _fill_owners(labels: np.ndarray, cap: int, num_owners: int, delta: int) -> n
 LOUVAIN_PLUS_PACKING = ("owners", "chunks")
 
 def louvain_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 100, delta: int = 20,
-                 resolution: float = 1.0, packing: str = "owners", min_client_nodes: int | None = None, split=None,
-                 folds: int | None = None, graphless_ratio: float = 0.0) -> Partition:
+                 resolution: float = 1.0, packing: str = "owners", min_client_nodes: int | None = None,
+                 louvain_backend: str = "networkx", split=None, folds: int | None = None,
+                 graphless_ratio: float = 0.0) -> Partition:
     "Louvain+ (O-pFGL / OpenFGL): Louvain chunks of at most `N // num_parts - delta` nodes, packed into `num_parts` owners (`packing='owners'`, the authors' code) or not (`'chunks'`), K-means on their label mixes."
     src = _as_source(dataset); _need_task(src, "louvain+", "node")
     K, seed, params = _common(src, num_clients, seed, split, folds, graphless_ratio, "louvain+")
@@ -233,7 +260,8 @@ def louvain_plus(dataset, num_clients: int, seed: int = 0, *, num_parts: int = 1
     if packing not in LOUVAIN_PLUS_PACKING:
         raise ValueError(f"packing must be one of {list(LOUVAIN_PLUS_PACKING)}, got {packing!r}")
     params.update(num_parts=num_parts, delta=delta, resolution=resolution, packing=packing, min_client_nodes=min_nodes)
-    labels = louvain_labels(src.data.edge_index, src.size, seed, resolution)
+    if _check_backend(louvain_backend) != "networkx": params.update(louvain_backend=louvain_backend)
+    labels = louvain_labels(src.data.edge_index, src.size, seed, resolution, louvain_backend)
     cap = max(src.size // num_parts - delta, 1)
     parts = _cap_parts(labels, cap) if packing == "chunks" else _fill_owners(labels, cap, min(num_parts, src.size), delta)
     assign, refilled = _cluster_parts(parts, src.y, src.num_classes, K, seed, min_nodes)
