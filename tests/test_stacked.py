@@ -10,13 +10,13 @@ import pytest
 
 from fglit.federation import run
 from fglit.fl.config import ConfigError
-from fglit.fl.stacked import stacked_algorithms
+from fglit.fl.loop import stacked_algorithms
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_declared_algorithms_are_the_stacked_ones():
-    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedproto", "fedprox", "fedtgp", "moon", "scaffold", "standalone"]
+    assert stacked_algorithms() == ["fedavg", "fedavg_ft", "fedproto", "fedprox", "fedtgp", "moon", "opfgl", "scaffold", "standalone"]
 
 
 def test_run_with_the_stacked_engine_matches_the_sequential_one_without_dropout():

@@ -20,7 +20,6 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from ..federation import (Client, ConfigError, FedConfig, Message, ModelSpec, Server, class_sums, flat_state,
                               load_flat_state, make_optimizer, register_algorithm)
 from ..fl.config import setting
-from ..fl.stacked import ClientStack, StackedClients
 from ..fl.messages import SumSpec
 from ..models import propagate_hops
 
@@ -30,7 +29,7 @@ __all__ = ['HETERO_MODELS', 'HRE_CRITERIA', 'SURROGATE_RATIO', 'HETEROPHILIC', '
            'reliable_nodes', 'class_moment_sums', 'sum_messages', 'pooled_statistics', 'LinkPredictor',
            'dense_gcn_norm', 'class_mean_std', 'smoothness_loss', 'surrogate_class_sizes', 'SurrogateGraph',
            'surrogate_possible', 'surrogate_from_sums', 'generate_surrogate', 'distillation_weights', 'focal_loss',
-           'EarlyStopping', 'OpFGLClient', 'OpFGLServer', 'StackedOpFGL']
+           'EarlyStopping', 'OpFGLClient', 'OpFGLServer']
 
 # %% ../../nbs/20_opfgl.ipynb #6c69bfb8
 HETERO_MODELS: tuple[dict, ...] = (     # the paper's heterogeneous-model pool (Tables 11/12), one per client in turn
@@ -526,139 +525,3 @@ class OpFGLServer(Server):
 register_algorithm("opfgl", OpFGLClient, OpFGLServer, OpFGLConfig, dataset_defaults=opfgl_defaults,
                    paper="Personalized One-shot Federated Graph Learning for Heterogeneous Clients (O-pFGL)",
                    sums=SumSpec(dtype=torch.float64));     # its server sums in float64
-
-# %% ../../nbs/20_opfgl.ipynb #8d641de4
-class StackedOpFGL(StackedClients):
-    "O-pFGL's clients stacked: statistics from each client as before; stages 1 and 2 of every client as one stacked computation, with each client's own early stopping."
-    def __init__(self, data, config, spec, init):
-        if config.model_pool: raise ConfigError("engine='stacked' needs one model for every client; model_pool='hetero' gives each its own")
-        # the clients themselves (label propagation, homophily, logs), built in order as the sequential engine builds them
-        self.clients = [OpFGLClient(i, d, config, spec) for i, d in enumerate(data)]
-        super().__init__(data, config, spec, [flat_state(c.model) for c in self.clients])
-
-    @classmethod
-    def initial_states(cls, spec, n):
-        return [None] * n               # drawn in __init__, by the clients themselves
-
-    @torch.no_grad()
-    def val_accuracy(self) -> Tensor:
-        "Every client's validation accuracy `[K]` (0 for a client without validation nodes), in one pass."
-        s = self.stack
-        _, logits = self.forward(training=False)
-        hit = (logits.reshape(-1, logits.size(-1)).argmax(-1) == s.y) & s.masks["val"]
-        n = torch.bincount(s.client[s.masks["val"]], minlength=self.params.K)
-        return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
-
-    def train_stage(self, loss_fn, lr: float, iters: int, active: Tensor) -> Tensor:
-        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran."
-        c, K = self.config, self.params.K
-        strict = c.early_stopping == "strict"
-        self.params.reset_optimizer(lr)
-        best = torch.full((K,), 0.0 if strict else -1.0)
-        state, has_state = self.params.flat().clone(), torch.full((K,), not strict)
-        bad, checks, its = torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
-        running = active.clone()
-
-        def check(who: Tensor) -> None:
-            score = self.val_accuracy().cpu()
-            checks[who] += 1
-            better = who & ((score > best) | ((score == best) & (not strict)))
-            worse = who & ~better
-            best[better] = score[better]; bad[better] = 0; bad[worse] += 1
-            rows = better.nonzero().squeeze(1).to(state.device)
-            state[rows] = self.params.flat()[rows]; has_state[better] = True
-
-        for it in range(1, iters + 1):
-            if not bool(running.any()): break
-            self.params.zero_grad()
-            loss_fn(running.to(self.stack.x.device)).backward()
-            self.params.step(running.to(self.stack.x.device))
-            its[running] = it
-            if it % c.eval_interval == 0:
-                who = running.clone()
-                check(who)
-                running &= ~(who & (bad >= c.patience))
-        final = active & ((checks == 0) | (its % c.eval_interval != 0))
-        if bool(final.any()): check(final)
-        restore = (active & has_state).nonzero().squeeze(1).to(state.device)
-        self.params.load(restore.tolist(), list(state[restore])) if len(restore) else None
-        return its
-
-    def stage1(self, graph: SurrogateGraph, active: Tensor) -> None:
-        surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
-        t0 = time.perf_counter()
-        def loss(act):
-            _, logits = self.forward(stack=surrogate)
-            return self.train_loss(logits, act, stack=surrogate)
-        its = self.train_stage(loss, self.config.stage1_lr, self.config.stage1_iters, active)
-        val, took = self.val_accuracy(), time.perf_counter() - t0
-        for k in active.nonzero().squeeze(1).tolist():
-            self.clients[k].log.update(stage1_iters=int(its[k]), stage1_val=float(val[k]), stage1_s=took)
-
-    def stage2(self, active: Tensor, distill: bool = True) -> None:
-        t0 = time.perf_counter()
-        c, s, K = self.config, self.stack, self.params.K
-        mode = c.lambda_mode if distill else "none"
-        with torch.no_grad():
-            _, teacher = self.forward(training=False)
-            teacher_logp = F.log_softmax(teacher.reshape(-1, teacher.size(-1)), -1)
-        lam = torch.zeros(K * s.n_max, device=s.x.device)
-        for k, client in enumerate(self.clients):
-            n = client.data.graph.num_nodes
-            if mode == "adaptive":
-                lam_k = distillation_weights(client.soft if c.lambda_labels == "soft" else client.lp_scores, client.class_h,
-                                             c.distill_alpha, c.lambda_min, c.lambda_max)
-            else:
-                lam_k = torch.full((n,), c.distill_alpha if mode == "fixed" else 0.0, device=s.x.device)
-            lam[k * s.n_max:k * s.n_max + n] = lam_k
-            client.log.update(lambda_mean=float(lam_k.mean()) if lam_k.numel() else 0.0)
-        has_train = s.num_train > 0
-        idle = active & ~has_train if mode == "none" else torch.zeros_like(active)      # nothing to learn from: keep f_g
-        for k in idle.nonzero().squeeze(1).tolist():
-            self.clients[k].log.update(stage2_iters=0, lambda_mean=0.0, stage2_s=0.0)
-        active = active & ~idle
-        real = torch.zeros(K * s.n_max, dtype=torch.bool, device=s.x.device); real[s.rows] = True
-
-        def loss(act):
-            _, logits = self.forward()
-            flat = logits.reshape(-1, logits.size(-1))
-            rows = s.masks["train"] & act[s.client]
-            if c.finetune_loss == "focal":
-                logp = F.log_softmax(flat[rows], -1).gather(1, s.y[rows].unsqueeze(1)).squeeze(1)
-                per = -(1 - logp.exp()).pow(c.focal_gamma) * logp
-            else:
-                per = F.cross_entropy(flat[rows], s.y[rows], reduction="none")
-            total = (per / s.num_train[s.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
-            if mode == "none": return total
-            keep = real & act[s.client]
-            kl = (teacher_logp.exp()[keep] * (teacher_logp[keep] - F.log_softmax(flat[keep], -1))).sum(-1)
-            return total + (lam[keep] * kl / s.sizes[s.client[keep]].to(kl.dtype)).sum()
-        its = self.train_stage(loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
-        val, took = self.val_accuracy(), time.perf_counter() - t0
-        for k in (active | idle).nonzero().squeeze(1).tolist():
-            self.clients[k].log.update(stage2_val=float(val[k]), stage2_s=took if active[k] else 0.0,
-                                       **({"stage2_iters": int(its[k])} if active[k] else {}))
-
-    def local_step(self, messages, rnd):
-        cids = list(messages)
-        if rnd == 1:
-            return {k: self.clients[k].statistics() for k in cids}
-        active = torch.zeros(self.params.K, dtype=torch.bool); active[cids] = True
-        first = messages[cids[0]]
-        if "init_state" in first: self.params.load(cids, [messages[k]["init_state"] for k in cids])   # model_init='shared'
-        graph = None
-        if "graph_seed" in first and surrogate_possible(first["count"]):      # appendix G: every client builds the same graph
-            graph = surrogate_from_sums(first, self.spec.in_dim, self.config, int(first["graph_seed"]))
-        elif "x" in first:
-            graph = SurrogateGraph.from_message(first)
-        if graph is None:
-            for k in cids: self.clients[k].log.update(surrogate="none")
-            self.stage2(active, distill=False)
-        else:
-            self.stage1(graph, active)
-            self.stage2(active)
-        flat = self.params.flat()
-        for k in cids: load_flat_state(self.clients[k].model, flat[k])       # the clients' models hold their final weights
-        return {k: {} for k in cids}
-
-OpFGLClient.stacked = StackedOpFGL

@@ -22,16 +22,17 @@ from torch import Tensor, nn
 from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
 from ..metrics import client_average, grouped_scores
 from .messages import message_floats, message_nbytes
-from .config import FedConfig
+from .config import ConfigError, FedConfig
 from .local_data import LocalData, SPLITS
-from .protocol import ClientInfo, ModelSpec, client_spec, load_flat_state
+from .protocol import ClientInfo, ModelSpec, client_spec, flat_state, load_flat_state
 from .registry import Algorithm
 from .results import SeedRun
 
 
 # %% auto #0
 __all__ = ['SLOW_ROUND_S', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport',
-           'InProcess', 'run_rounds', 'simulate', 'CSVLogger', 'TensorBoardLogger']
+           'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form', 'stacked_algorithms', 'CSVLogger',
+           'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
@@ -271,11 +272,63 @@ def simulate(algorithm: Algorithm, clients_data: list, task: str, num_features: 
              callback: Callable | None = None) -> SeedRun:
     "Run one seed of `algorithm` on `clients_data` (per-client `Data` or `GraphClient`) in this process: `run_rounds` over `InProcess`, or over `fglit.fl.stacked.Stacked` with `engine='stacked'`."
     if getattr(config, "engine", "sequential") == "stacked":
-        from .stacked import Stacked
         transport = Stacked(clients_data, task, num_features, num_classes)
     else:
         transport = InProcess(clients_data, task, num_features, num_classes)
     return run_rounds(algorithm, transport, config, seed, progress, desc, callback)
+
+# %% ../../nbs/fl/06_loop.ipynb #172a2bbe
+class _ClientView:
+    "What a callback sees of one client under the stacked engine: its id, data and (built on access) its model."
+    def __init__(self, group, cid: int):
+        self.cid, self.data, self.spec, self._group = cid, group.data[cid], group.spec, group
+
+    @property
+    def model(self):
+        m = self.spec.build()
+        load_flat_state(m, self._group.params.flat()[self.cid])
+        return m
+
+
+class Stacked(InProcess):
+    "The simulator's transport with every client in one `StackedClients` (`engine='stacked'`); needs an algorithm whose client declares `stacked`."
+    def start(self, algorithm, config, spec, specs, seed):
+        kind = stacked_form(algorithm.client)
+        if kind is None:
+            raise ConfigError(f"{algorithm.name} has no stacked form (engine='stacked'); these have: {', '.join(stacked_algorithms()) or 'none'}")
+        if any(s != spec for s in specs):
+            raise ConfigError("engine='stacked' needs every client to run the same model (unset graphless_model)")
+        if kind.own_init or config.client_fraction < 1:     # the same draws, in the same order, as the sequential clients' models
+            init = kind.initial_states(spec, len(self.data))
+        else:                 # every client is sent the server's weights in round 1, before it trains or is scored: one model's draws serve all
+            init = [flat_state(spec.build())] * len(self.data)
+        self.group = kind(self.data, config, spec, init)
+        self.clients = getattr(self.group, "clients", None) or [_ClientView(self.group, i) for i in range(len(self.data))]   # a stack may keep real clients
+        self.start_uplink(algorithm, config, spec, seed)
+
+    def train(self, rnd, seed, messages, seal, show=False):
+        reseed_torch(round_seed(seed, rnd, len(self.data)))      # the stack's own stream: no client has this id
+        replies = self.group.local_step(messages, rnd)
+        return {cid: self.halves[cid].seal(rnd, messages[cid], r) for cid, r in replies.items()} if seal else replies
+
+    def evaluate(self, rnd, messages):
+        sent = {cid: m["params"] for cid, m in messages.items() if m is not None and "params" in m}
+        flat = None
+        if sent:
+            flat = self.group.params.flat().clone()
+            for cid, v in sent.items(): flat[cid] = v
+        scores = self.group.scores(flat)
+        return [(cid, split, scores[split][cid]) for cid in messages for split in scores]
+
+
+def stacked_form(client: type):
+    "The `StackedClients` class `client` declares itself (not one inherited: a subclass that changes the client, MOON's of FedAvg's say, must declare its own)."
+    return vars(client).get("stacked")
+
+def stacked_algorithms() -> list[str]:
+    "The registered algorithms whose clients can run stacked."
+    from fglit.fl.registry import load_algorithms
+    return sorted(n for n, a in load_algorithms().items() if stacked_form(a.client) is not None)
 
 # %% ../../nbs/fl/06_loop.ipynb #024a32bc
 class CSVLogger:

@@ -12,18 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..core import reseed_torch
 from ..graph_preprocessing import SPARSE_INPUT_DENSITY, SparseOperand, adjacency, spmm
 from ..models import dropout
 from .config import ConfigError
 from .local_data import LocalData, SPLITS
-from .loop import InProcess, round_seed, score_rows
+from .loop import score_rows, stacked_algorithms, stacked_form
 from .messages import Message
-from .protocol import ModelSpec, flat_state, load_flat_state
+from .protocol import ModelSpec, flat_state
 
 # %% auto #0
-__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'StackedClients', 'Stacked', 'stacked_form',
-           'stacked_algorithms', 'compare_engines']
+__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'StackedClients', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -297,59 +295,6 @@ class StackedClients:
         "Per-client scores on each split, all clients in one pass: their own models, or the rows of `flat` (`[K, P]`)."
         _, logits = self.forward(None if flat is None else self.params.unflatten(flat), training=False)
         return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=True)
-
-# %% ../../nbs/fl/07_stacked.ipynb #3d6663bc
-class _ClientView:
-    "What a callback sees of one client under the stacked engine: its id, data and (built on access) its model."
-    def __init__(self, group: StackedClients, cid: int):
-        self.cid, self.data, self.spec, self._group = cid, group.data[cid], group.spec, group
-
-    @property
-    def model(self):
-        m = self.spec.build()
-        load_flat_state(m, self._group.params.flat()[self.cid])
-        return m
-
-
-class Stacked(InProcess):
-    "The simulator's transport with every client in one `StackedClients` (`engine='stacked'`); needs an algorithm whose client declares `stacked`."
-    def start(self, algorithm, config, spec, specs, seed):
-        kind = stacked_form(algorithm.client)
-        if kind is None:
-            raise ConfigError(f"{algorithm.name} has no stacked form (engine='stacked'); these have: {', '.join(stacked_algorithms()) or 'none'}")
-        if any(s != spec for s in specs):
-            raise ConfigError("engine='stacked' needs every client to run the same model (unset graphless_model)")
-        if kind.own_init or config.client_fraction < 1:     # the same draws, in the same order, as the sequential clients' models
-            init = kind.initial_states(spec, len(self.data))
-        else:                 # every client is sent the server's weights in round 1, before it trains or is scored: one model's draws serve all
-            init = [flat_state(spec.build())] * len(self.data)
-        self.group = kind(self.data, config, spec, init)
-        self.clients = getattr(self.group, "clients", None) or [_ClientView(self.group, i) for i in range(len(self.data))]   # a stack may keep real clients
-        self.start_uplink(algorithm, config, spec, seed)
-
-    def train(self, rnd, seed, messages, seal, show=False):
-        reseed_torch(round_seed(seed, rnd, len(self.data)))      # the stack's own stream: no client has this id
-        replies = self.group.local_step(messages, rnd)
-        return {cid: self.halves[cid].seal(rnd, messages[cid], r) for cid, r in replies.items()} if seal else replies
-
-    def evaluate(self, rnd, messages):
-        sent = {cid: m["params"] for cid, m in messages.items() if m is not None and "params" in m}
-        flat = None
-        if sent:
-            flat = self.group.params.flat().clone()
-            for cid, v in sent.items(): flat[cid] = v
-        scores = self.group.scores(flat)
-        return [(cid, split, scores[split][cid]) for cid in messages for split in scores]
-
-
-def stacked_form(client: type):
-    "The `StackedClients` class `client` declares itself (not one inherited: a subclass that changes the client, MOON's of FedAvg's say, must declare its own)."
-    return vars(client).get("stacked")
-
-def stacked_algorithms() -> list[str]:
-    "The registered algorithms whose clients can run stacked."
-    from fglit.fl.registry import load_algorithms
-    return sorted(n for n, a in load_algorithms().items() if stacked_form(a.client) is not None)
 
 # %% ../../nbs/fl/07_stacked.ipynb #85fe5356
 def compare_engines(algorithm, clients_data: list, task: str, num_features: int, num_classes: int, settings: dict | None = None,
