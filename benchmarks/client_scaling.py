@@ -21,23 +21,19 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import short_commit  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
 import torch
 torch.set_num_threads(1)
 dataset, partition_name, k, rounds, epochs, engines, seed, eval_every = json.loads(sys.argv[1])
-from fglit.data import load_dataset
+from benchmarks._common import bench_dataset
 from fglit.federation import get_algorithm, simulate
 from fglit.fl.config import make_config
 from fglit.partition import partition
-if dataset.startswith("synthetic:"):        # synthetic:NODES:EDGES:CLASSES:FEATURES, fglit.synthetic's graph (homophily 0.8)
-    from fglit.own_data import as_dataset
-    from fglit.synthetic import synthetic_graph
-    n, m, c, f = (int(v) for v in dataset.split(":")[1:])
-    ds = as_dataset(synthetic_graph(n, m, c, f, homophily=0.8, feature_signal=0.5, seed=0), name=f"synthetic-{n}")
-else:
-    ds = load_dataset(dataset)
+ds = bench_dataset(dataset)
 t = time.perf_counter()
 parts = partition(ds, partition_name, k, seed=seed, cache=False)
 partition_s = time.perf_counter() - t
@@ -52,13 +48,6 @@ for engine in engines:
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "dataset", "partition", "clients", "rounds", "local_epochs", "eval_every",
           "engine", "partition_s", "simulate_s", "test_accuracy", "peak_rss_mb", "error"]
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
 
 
 def main() -> int:
@@ -78,7 +67,7 @@ def main() -> int:
     o = ap.parse_args()
     from fglit.reproduction import append_row
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=commit(),
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=short_commit(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=1,
                 dataset=o.dataset, partition=o.partition, rounds=o.rounds, local_epochs=o.local_epochs, eval_every=o.eval_every or o.rounds)
     n = 0

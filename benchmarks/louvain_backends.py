@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks._common import short_commit  # noqa: E402
 
 GENERATE = r'''
 import json, sys, time, numpy as np
@@ -101,13 +103,6 @@ FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edge
           "rss_after_first_mb", "peak_rss_mb", "error"]
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def version(backend: str) -> str:
     from importlib.metadata import PackageNotFoundError, version as v
     try:
@@ -130,7 +125,7 @@ def main() -> int:
     from fglit.reproduction import append_row
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     o.cache.mkdir(parents=True, exist_ok=True)
-    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=commit(), threads=1)
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
     rows = 0
     for size in o.sizes:
         n, m = (int(v) for v in size.split(":"))

@@ -18,12 +18,13 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import bench_dataset, short_commit  # noqa: E402
 
 
 def main() -> int:
@@ -38,7 +39,6 @@ def main() -> int:
     import torch.nn.functional as F
     from torch.func import grad, vmap
     torch.set_num_threads(1)
-    from fglit.data import load_dataset
     from fglit.fl.config import make_config
     from fglit.fl.local_data import LocalData
     from fglit.fl.protocol import ModelSpec, flat_state
@@ -47,16 +47,9 @@ def main() -> int:
     from fglit.partition import partition
     from fglit.reproduction import append_row
     from fglit.algorithms.fedavg import FedAvgConfig
-    if o.dataset.startswith("synthetic:"):
-        from fglit.own_data import as_dataset
-        from fglit.synthetic import synthetic_graph
-        n, m, c, f = (int(v) for v in o.dataset.split(":")[1:])
-        ds = as_dataset(synthetic_graph(n, m, c, f, homophily=0.8, feature_signal=0.5, seed=0), name=f"synthetic-{n}")
-    else:
-        ds = load_dataset(o.dataset)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    ds = bench_dataset(o.dataset)
     base = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
-                cpus=os.cpu_count(), threads=1, commit=commit, dataset=o.dataset)
+                cpus=os.cpu_count(), threads=1, commit=short_commit(), dataset=o.dataset)
     config = make_config(FedAvgConfig, {"dropout": 0.0})
     for k in o.clients:
         data = [LocalData(c, "node") for c in partition(ds, "metis", k, seed=0, cache=False).clients]

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks._common import short_commit  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
@@ -77,13 +79,6 @@ FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edge
           "covered", "min_client", "max_client", "communities"]
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["100000:2500000", "1000000:25000000", "2449029:61859140"], metavar="NODES:EDGES")
@@ -97,7 +92,7 @@ def main() -> int:
     o = ap.parse_args()
     from fglit.reproduction import append_row
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=commit(), threads=1)
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
     cached = lambda size: o.graph_cache is not None and (o.graph_cache / f"synthetic-{size.replace(':', '-')}-47c-100f-h0.8-s0.pt").exists()
     needs_graph = bool({"partition", "fedavg"} & set(o.stages)) and o.graph_cache is not None
     jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
