@@ -319,6 +319,7 @@ class StackedMoon(StackedFedAvg):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.has_previous = torch.zeros(self.params.K, dtype=torch.bool, device=self.stack.x.device)
+        self.previous = self.params.flat()          # a client's rows are set at its first download
 
     @classmethod
     def initial_states(cls, spec, n):
@@ -333,7 +334,6 @@ class StackedMoon(StackedFedAvg):
         self.global_params = self.params.unflatten(self.params.flat())          # the slices just loaded hold w^t
         idx = torch.tensor(cids, device=self.has_previous.device)
         first = idx[~self.has_previous[idx]]
-        if not hasattr(self, "previous"): self.previous = self.params.flat()
         self.previous[first] = self.params.flat()[first]                        # a client's first download is its first "previous" model
         self.has_previous[first] = True
 
