@@ -14,9 +14,9 @@ from torch import Tensor
 
 from ..graph_preprocessing import SPARSE_INPUT_DENSITY, SparseOperand, adjacency, spmm
 from ..models import dropout
-from .config import ConfigError
+from .config import ConfigError, make_config
 from .local_data import LocalData, SPLITS
-from .loop import score_rows, stacked_algorithms, stacked_form
+from .loop import score_rows, simulate, stacked_algorithms, stacked_form
 from .messages import Message
 from .protocol import ModelSpec, flat_state
 
@@ -198,10 +198,10 @@ class StackedParams:
     @torch.no_grad()
     def step(self, active: Tensor, betas=(0.9, 0.999), eps=1e-8) -> None:
         "One optimizer step for the clients where `active` (`[K]` bool) holds; the others are left exactly as they are."
-        idx = None if bool(active.all()) else active.nonzero().squeeze(1)     # all active: in place, no gathering
         if self._fused:
             self._fused_step(active, betas, eps)
             return
+        idx = None if bool(active.all()) else active.nonzero().squeeze(1)     # all active: in place, no gathering
         self.steps += active.long()
         t = (self.steps if idx is None else self.steps[idx]).to(self.tensors[0].dtype)
         b1, b2 = betas
@@ -300,8 +300,6 @@ class StackedClients:
 def compare_engines(algorithm, clients_data: list, task: str, num_features: int, num_classes: int, settings: dict | None = None,
                     seed: int = 0, metrics=("accuracy", "f1_macro")) -> tuple[float, "pd.DataFrame", dict]:
     "The largest difference in `metrics` between the sequential and the stacked engine over every (round, client, split), the merged rows, and both runs."
-    from fglit.fl.config import make_config
-    from fglit.fl.loop import simulate
     runs = {}
     for engine in ("sequential", "stacked"):
         cfg = make_config(algorithm.config, {**(settings or {}), "engine": engine})
