@@ -348,10 +348,11 @@ def distillation_weights(soft: Tensor, class_h: Tensor, alpha: float, lo: float 
     w = 1.0 / (1.0 + torch.log1p(class_h))
     return (alpha * soft @ w).clamp(lo, hi)
 
-def focal_loss(logits: Tensor, y: Tensor, gamma: float = 2.0) -> Tensor:
-    "Focal loss (Lin et al. 2017): $-(1-p_y)^\\gamma \\log p_y$, averaged."
+def focal_loss(logits: Tensor, y: Tensor, gamma: float = 2.0, reduction: str = "mean") -> Tensor:
+    "Focal loss (Lin et al. 2017): $-(1-p_y)^\\gamma \\log p_y$, averaged (`reduction='none'`: per row)."
     logp = F.log_softmax(logits, -1).gather(1, y.unsqueeze(1)).squeeze(1)
-    return (-(1 - logp.exp()).pow(gamma) * logp).mean()
+    per_row = -(1 - logp.exp()).pow(gamma) * logp
+    return per_row if reduction == "none" else per_row.mean()
 
 class EarlyStopping:
     "Keeps the weights of the best validation accuracy; says stop after `patience` checks without progress. A tie counts as progress, or with `strict` only a rise above the best so far (which starts at 0: a model never above 0 is left as trained, as the authors' code does)."

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, surrogate_from_sums,
+from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
 from ..fl.stacked import ClientStack, StackedClients
@@ -116,8 +116,7 @@ class StackedOpFGL(StackedClients):
             flat = logits.reshape(-1, logits.size(-1))
             rows = s.masks["train"] & act[s.client]
             if c.finetune_loss == "focal":
-                logp = F.log_softmax(flat[rows], -1).gather(1, s.y[rows].unsqueeze(1)).squeeze(1)
-                per = -(1 - logp.exp()).pow(c.focal_gamma) * logp
+                per = focal_loss(flat[rows], s.y[rows], c.focal_gamma, reduction="none")
             else:
                 per = F.cross_entropy(flat[rows], s.y[rows], reduction="none")
             total = (per / s.num_train[s.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
