@@ -3,7 +3,9 @@
 # build .venv over the image's CUDA torch (.ci/offline_venv.sh), then run make test-gpu's two commands with logs under
 # $OUT. MODE=both runs the notebooks and pytest side by side (the quicker first look); MODE=make runs `make test-gpu`
 # itself, pytest spread over processes through PYTEST_ADDOPTS; MODE=split runs each notebook on its own and logs every
-# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. Prepare here first (see nbs/90_gpu.ipynb):
+# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests
+# (client scaling on CUDA and on the CPU of the same machine, O-pFGL's two engines on CUDA), their CSVs under $OUT/bench.
+# NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once. Prepare here first (see nbs/90_gpu.ipynb):
 #   python3 .ci/download_wheels.py .gpu/whl && tar -cJf .gpu/ds.tar.xz -C "$FGLIT_DATA" --exclude=processed .
 set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -16,6 +18,16 @@ mkdir -p .gpu/data && tar -xJf .gpu/ds.tar.xz -C .gpu/data
 PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 tail -1 "$OUT/setup.log"; echo "setup took $((SECONDS - START)) s"
 LIMIT=${LIMIT:-420}
+NB_JOBS=${NB_JOBS:-5}; PYTEST_JOBS=${PYTEST_JOBS:-11}
+if [ "${BENCH:-0}" = 1 ]; then
+  mkdir -p "$OUT/bench"; DEADLINE=$((SECONDS + LIMIT))
+  scaling() {   # $1: device; the same graph into 10/100/1000 clients under both engines, then 10000 under the stacked one
+    FGLIT_DEVICE=$1 timeout "$LIMIT" .venv/bin/python benchmarks/client_scaling.py --clients 10 100 1000 --out "$OUT/bench/client_scaling_$1.csv" --timeout 200
+    FGLIT_DEVICE=$1 timeout $((DEADLINE - SECONDS)) .venv/bin/python benchmarks/client_scaling.py --clients 10000 --engines stacked --out "$OUT/bench/client_scaling_$1.csv" --timeout 200; }
+  ( scaling cuda > "$OUT/bench/log_cuda.txt" 2>&1 ) &
+  ( scaling cpu > "$OUT/bench/log_cpu.txt" 2>&1 ) &
+  ( FGLIT_DEVICE=cuda timeout "$LIMIT" .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out "$OUT/bench/opfgl_engines_cuda.csv" > "$OUT/bench/log_opfgl.txt" 2>&1 ) &
+fi
 case "${MODE:-both}" in
 both)
   ( FGLIT_DEVICE=cuda timeout "$LIMIT" .venv/bin/nbdev_test --flags gpu --timing --n_workers 5 > "$OUT/notebooks.log" 2>&1
@@ -28,11 +40,11 @@ split)
   # each notebook on its own (longest first, 5 at a time) and pytest over 11 processes, both writing outcomes as they
   # come (tests/conftest.py's FGLIT_TEST_LOG), so a call cut off by its time limit still says what failed and why
   export FGLIT_DEVICE=cuda FGLIT_TEST_LOG="$OUT/pytest_outcomes.log" NBOUT="$OUT"; mkdir -p /tmp/nb
-  order="20_opfgl 13_pfl 30_gpfl 40_fedgls 17_adafgl 11_prototypes 31_gpfl 21_opfgl 12_compare 19_fedtad 51_fedpg"
+  order="20_opfgl 13_pfl 30_gpfl 40_fedgls 20a_opfgl 11_prototypes 10_fedavg 07_stacked 17_adafgl 31_gpfl 21_opfgl 12_compare 19_fedtad 51_fedpg"
   { for k in $order; do ls nbs/$k*.ipynb nbs/*/$k*.ipynb 2>/dev/null; done; ls nbs/*.ipynb nbs/*/*.ipynb; } | awk '!seen[$0]++' > /tmp/nb/list
-  ( timeout "$LIMIT" xargs -P 5 -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
+  ( timeout "$LIMIT" xargs -P "$NB_JOBS" -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
         echo "{} rc=$rc $((SECONDS - t))s" >> $NBOUT/notebooks.log; [ $rc = 0 ] || flock $NBOUT/.lock -c "cat $log >> $NBOUT/notebooks_failed.log" || cat $log >> $NBOUT/notebooks_failed.log' < /tmp/nb/list ) &
-  timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n 11 --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait; rm -f "$OUT/.lock" ;;
 make)
@@ -40,5 +52,7 @@ make)
       timeout "$LIMIT" make test-gpu > "$OUT/make_test_gpu.log" 2>&1
   echo "make test-gpu rc=$?" >> "$OUT/make_test_gpu.log" ;;
 esac
+wait   # the benchmarks, each under its own timeout
+[ -d "$OUT/bench" ] && tar -czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"   # one file back (the tool returns at most 8)
 echo "total $((SECONDS - START)) s"
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "rc=[^0]|Error in|FAILED|passed|failed|Success" "$f" | tail -25; done

@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: the commit they ran at, and a dataset given by name or as a synthetic graph spec."""
+"""What the benchmark scripts share: the commit they ran at, the device in words, and a dataset given by name or as a synthetic graph spec."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +13,17 @@ def short_commit() -> str:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
+
+
+def device_name() -> str:
+    "The device fglit computes on, in words: `cuda:<GPU name>`, or `cpu:<processor> (<n> thread(s))`."
+    import platform
+    import torch
+    from fglit.core import get_device
+    device = get_device()
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} thread(s))"
 
 
 def bench_dataset(spec: str):

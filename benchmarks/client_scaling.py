@@ -29,7 +29,7 @@ import json, resource, sys, time
 import torch
 torch.set_num_threads(1)
 dataset, partition_name, k, rounds, epochs, engines, seed, eval_every = json.loads(sys.argv[1])
-from benchmarks._common import bench_dataset
+from benchmarks._common import bench_dataset, device_name
 from fglit.federation import get_algorithm, simulate
 from fglit.fl.config import make_config
 from fglit.partition import partition
@@ -41,13 +41,13 @@ algo = get_algorithm("fedavg")
 for engine in engines:
     cfg = make_config(algo.config, {"rounds": rounds, "local_epochs": epochs, "engine": engine, "eval_every": eval_every or rounds})
     r = simulate(algo, parts.clients, "node", ds.num_features, ds.num_classes, cfg, seed=seed, progress=False)
-    print(json.dumps(dict(engine=engine, partition_s=partition_s, simulate_s=r.wall_time_s,
+    print(json.dumps(dict(engine=engine, device=device_name(), partition_s=partition_s, simulate_s=r.wall_time_s,
                           test_accuracy=float(r.per_round().test_accuracy.iloc[-1]),
                           peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)), flush=True)
 '''
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "dataset", "partition", "clients", "rounds", "local_epochs", "eval_every",
-          "engine", "partition_s", "simulate_s", "test_accuracy", "peak_rss_mb", "error"]
+          "engine", "device", "partition_s", "simulate_s", "test_accuracy", "peak_rss_mb", "error"]
 
 
 def main() -> int:

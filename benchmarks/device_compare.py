@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 import traceback
@@ -24,15 +23,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import device_name  # noqa: E402
+
 TASKS = {"node": ("Cora", "louvain", 5), "graph": ("PROTEINS", "dirichlet", 5)}
-
-
-def _device_name() -> str:
-    from fglit.core import get_device
-    device = get_device()
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} thread(s))"
 
 
 def _sync() -> None:
@@ -51,7 +46,7 @@ def algorithms(out: Path, rounds: int, only: list[str] | None, settings: dict | 
         ds = load_dataset(dataset)
         for name in names:
             row = dict(algorithm=name, task=task, dataset=dataset, partition=partition, clients=clients, rounds=rounds,
-                       settings=json.dumps(settings or {}), device=_device_name())
+                       settings=json.dumps(settings or {}), device=device_name())
             start = time.perf_counter()
             try:
                 try:
@@ -128,7 +123,7 @@ def timings(out: Path, repeats: int) -> pd.DataFrame:
             total = time.perf_counter() - start
             rows.append(dict(job=label, dataset=dataset, partition=partition, clients=clients, **kw, repeat=rep,
                              sim_time_s=result.runs[0].wall_time_s, total_time_s=total,
-                             accuracy=result.runs[0].scores()["accuracy"], device=_device_name()))
+                             accuracy=result.runs[0].scores()["accuracy"], device=device_name()))
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 
 def main() -> int:
@@ -36,6 +37,7 @@ def main() -> int:
     from fglit.federation import get_algorithm, git_commit, make_config, simulate
     from fglit.partition import partition
     from fglit.reproduction import append_row
+    from benchmarks._common import device_name
     from fglit.cli import parse_settings          # the CLI's --set: numbers and booleans typed
     extra = parse_settings(o.set)
     ds = load_dataset(o.dataset)
@@ -50,7 +52,7 @@ def main() -> int:
                          callback=lambda rnd, server, clients: box.update(server=server))
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
-                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine,
+                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, device=device_name(),
                        simulate_s=time.perf_counter() - t,
                        surrogate_s=box["server"].graph.seconds if box["server"].graph is not None else 0.0,
                        accuracy=float(r.scores()["accuracy"]), f1_macro=float(r.scores()["f1_macro"]))
