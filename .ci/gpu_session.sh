@@ -5,7 +5,8 @@
 # itself, pytest spread over processes through PYTEST_ADDOPTS; MODE=split runs each notebook on its own and logs every
 # outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests
 # (client scaling on CUDA and on the CPU of the same machine, O-pFGL's two engines on CUDA), their CSVs under $OUT/bench.
-# NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once. Prepare here first (see nbs/90_gpu.ipynb):
+# NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once; in MODE=split, NOTEBOOKS (name prefixes)
+# and TESTS (a file of pytest node ids, one per line) re-run only those, e.g. what a cut-off call did not reach. Prepare here first (see nbs/90_gpu.ipynb):
 #   python3 .ci/download_wheels.py .gpu/whl && tar -cJf .gpu/ds.tar.xz -C "$FGLIT_DATA" --exclude=processed .
 set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -13,7 +14,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 FGLIT_DATA=$PWD/.gpu/data
 START=$SECONDS
 mkdir -p .gpu/data && tar -xJf .gpu/ds.tar.xz -C .gpu/data
 { nvidia-smi; nproc; free -g; git rev-parse HEAD 2>/dev/null; date -u
-  # runs 4-5 (2026-11-26) saw nproc 1 on a "16-core" machine: say where the limit comes from (affinity or cgroup quota)
+  # nproc honours OMP_NUM_THREADS (exported above), so it prints 1: the CPUs the processes may use are the line below
   echo "cpu_count $(python3 -c 'import os; print(os.cpu_count(), len(os.sched_getaffinity(0)))') cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null)"; } > "$OUT/machine.txt" 2>&1
 PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 tail -1 "$OUT/setup.log"; echo "setup took $((SECONDS - START)) s"
@@ -41,10 +42,10 @@ split)
   # come (tests/conftest.py's FGLIT_TEST_LOG), so a call cut off by its time limit still says what failed and why
   export FGLIT_DEVICE=cuda FGLIT_TEST_LOG="$OUT/pytest_outcomes.log" NBOUT="$OUT"; mkdir -p /tmp/nb
   order="20_opfgl 13_pfl 30_gpfl 40_fedgls 20a_opfgl 11_prototypes 10_fedavg 07_stacked 17_adafgl 31_gpfl 21_opfgl 12_compare 19_fedtad 51_fedpg"
-  { for k in $order; do ls nbs/$k*.ipynb nbs/*/$k*.ipynb 2>/dev/null; done; ls nbs/*.ipynb nbs/*/*.ipynb; } | awk '!seen[$0]++' > /tmp/nb/list
+  { for k in ${NOTEBOOKS:-$order}; do ls nbs/$k*.ipynb nbs/*/$k*.ipynb 2>/dev/null; done; [ -n "${NOTEBOOKS:-}" ] || ls nbs/*.ipynb nbs/*/*.ipynb; } | awk '!seen[$0]++' > /tmp/nb/list
   ( timeout "$LIMIT" xargs -P "$NB_JOBS" -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
         echo "{} rc=$rc $((SECONDS - t))s" >> $NBOUT/notebooks.log; [ $rc = 0 ] || flock $NBOUT/.lock -c "cat $log >> $NBOUT/notebooks_failed.log" || cat $log >> $NBOUT/notebooks_failed.log' < /tmp/nb/list ) &
-  timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  timeout "$LIMIT" .venv/bin/python -m pytest $(if [ -n "${TESTS:-}" ]; then cat "$TESTS"; else echo tests; fi) -q --gpu -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait; rm -f "$OUT/.lock" ;;
 make)

@@ -5,6 +5,7 @@
 # %% ../nbs/01a_partition_core.ipynb #edc9e224
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import zlib
@@ -67,7 +68,7 @@ def _labels(y, what: str) -> np.ndarray:
         y = y.view(-1)
     if y.dim() != 1 or y.is_floating_point() or y.is_complex():
         raise ValueError(f"dataset: labels must be one integer class per {what} (1-D integer `y`), got shape {tuple(y.shape)} {y.dtype}")
-    y = y.long().numpy()
+    y = y.long().cpu().numpy()
     if y.size and y.min() < 0:
         raise ValueError(f"dataset: labels must be >= 0, found {int(y.min())} (unlabelled {what}s are not supported)")
     return y
@@ -97,6 +98,8 @@ def _as_source(dataset) -> _Source:
     if task == "node":
         if inner.edge_index is None:
             raise ValueError("dataset: the node-task graph has no edge_index")
+        if inner.edge_index.device.type != "cpu":       # partitioners work on the CPU: a copy, since PyG's Data.cpu moves in place
+            inner = copy.copy(inner).cpu()
         y = _labels(inner.y, "node")
         graphs = None
     else:

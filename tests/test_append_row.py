@@ -121,8 +121,12 @@ def test_killing_a_run_mid_write_leaves_a_readable_file(tmp_path):
     code = ("from fglit.reproduction import Experiment, run_grid; from _grid_helpers import quick_run\n"
             f"run_grid([Experiment('t', 'Cora', 'louvain', 3, f'm{{i}}', 'fedavg') for i in range(100000)], quick_run, "
             f"seeds=(0,), out={str(out)!r}, progress=False)")
-    for delay in (3.0, 3.5, 4.2):
+    for delay in (0.0, 0.5, 1.2):
+        size = out.stat().st_size if out.exists() else 0
         p = _python(code)
+        deadline = time.monotonic() + 120      # start-up (torch, and CUDA's under make test-gpu) takes seconds on a busy machine:
+        while time.monotonic() < deadline and p.poll() is None and (out.stat().st_size if out.exists() else 0) <= size:
+            time.sleep(0.05)                   # kill only once this run has written, at several moments after
         time.sleep(delay)
         p.send_signal(signal.SIGKILL); p.wait()
         with _warnings.catch_warnings():

@@ -40,3 +40,24 @@ def test_flower_comparison_on_cuda_allows_float_order_but_not_other_bytes(as_if_
         _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.81), up=101))
     with pytest.raises(AssertionError):
         _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.95)))
+
+
+def comm(bytes_up=94091, floats_up=23475):
+    "A run's communication table as `RunResult.communication()` gives it."
+    return pd.DataFrame({"round": [1, 1], "client": [0, 0], "direction": ["down", "up"], "bytes": [93420, bytes_up],
+                         "floats": [23335, floats_up], "seed": [0, 0]})
+
+
+def test_same_bytes_on_cuda_allows_a_header_float_written_a_digit_shorter(as_if_cuda):
+    assert _device.same_bytes(comm(), comm(94090))               # FedGTA's two CUDA runs in make test-gpu differed so
+    assert not _device.same_bytes(comm(), comm(95091))           # a thousand bytes is another message
+    assert not _device.same_bytes(comm(), comm(floats_up=23476))  # float counts must agree exactly
+    assert not _device.same_bytes(comm(), comm().iloc[:1])
+    assert _device.same_total_bytes(1_000_000, 1_000_001) and not _device.same_total_bytes(1_000_000, 1_010_000)
+
+
+def test_same_bytes_on_the_cpu_is_exact():
+    if _device.DEV.type != "cpu":
+        pytest.skip("the CPU branch")
+    assert _device.same_bytes(comm(), comm()) and not _device.same_bytes(comm(), comm(94090))
+    assert not _device.same_total_bytes(10, 11)

@@ -453,3 +453,25 @@ def test_union_is_the_clients_together(case, data, k, seed, ratio):
     as_set = lambda e: set(map(tuple, e.t().tolist()))
     assert as_set(gid[pooled.edge_index]) == as_set(held) and pooled.edge_index.size(1) == held.size(1)
     assert as_set(held) <= as_set(among)
+
+
+def _node_graph(n=60, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, 4 * n), generator=g)
+    return Data(x=torch.rand(n, 5, generator=g), edge_index=torch.cat([ei, ei.flip(0)], 1), y=torch.arange(n) % 3)
+
+
+def test_partitioning_leaves_the_callers_graph_as_it_was():
+    data = _node_graph()
+    before = {k: v for k, v in data.items()}
+    partition(data, "louvain", 3, seed=0, cache=False)
+    assert all(data[k] is v for k, v in before.items())
+
+
+@pytest.mark.gpu
+def test_a_graph_on_cuda_partitions_as_on_the_cpu_and_stays_on_cuda():
+    data = _node_graph()
+    on_cpu = partition(data, "louvain", 3, seed=0, cache=False)
+    cuda = data.clone().to("cuda")
+    on_cuda = partition(cuda, "louvain", 3, seed=0, cache=False)
+    assert torch.equal(on_cpu.assignment, on_cuda.assignment) and cuda.x.is_cuda
