@@ -28,7 +28,14 @@ def _simple_edges(edge_index, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     ei = np.asarray(edge_index, dtype=np.int64).reshape(2, -1)
     a, b = np.minimum(ei[0], ei[1]), np.maximum(ei[0], ei[1])
     keep = a != b
-    key = np.unique(a[keep] * np.int64(num_nodes) + b[keep])
+    key = a[keep]                               # a copy: the products below work in place on it
+    del a
+    key *= np.int64(num_nodes)
+    key += b[keep]
+    del b, keep
+    key.sort()                                  # np.unique's result, by a sort and a neighbour compare (numpy 2's hash-based
+    if key.size:                                # unique took 13 of a 26 s METIS partition at 200k nodes)
+        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
     return key // num_nodes, key % num_nodes
 
 def _canonical(labels: np.ndarray) -> np.ndarray:

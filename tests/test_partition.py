@@ -475,3 +475,16 @@ def test_a_graph_on_cuda_partitions_as_on_the_cpu_and_stays_on_cuda():
     cuda = data.clone().to("cuda")
     on_cuda = partition(cuda, "louvain", 3, seed=0, cache=False)
     assert torch.equal(on_cpu.assignment, on_cuda.assignment) and cuda.x.is_cuda
+
+
+@SETTINGS
+@given(n=st.integers(1, 30), m=st.integers(0, 120), seed=st.integers(0, 1000))
+def test_simple_edges_are_the_unique_undirected_non_loop_pairs(n, m, seed):
+    "The sort-based dedupe gives exactly what np.unique of the (min, max) keys gives: sorted, no loops, no duplicates."
+    from fglit.partition_community import _simple_edges
+    ei = np.random.default_rng(seed).integers(0, n, size=(2, m))
+    a, b = np.minimum(ei[0], ei[1]), np.maximum(ei[0], ei[1])
+    key = np.unique(a[a != b] * n + b[a != b])
+    u, v = _simple_edges(ei, n)
+    assert np.array_equal(u, key // n) and np.array_equal(v, key % n)
+    assert np.array_equal(ei, np.random.default_rng(seed).integers(0, n, size=(2, m)))     # the input is left as it was
