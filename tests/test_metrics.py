@@ -183,3 +183,21 @@ def test_the_selection_rule_used_is_named_when_there_is_no_validation_split():
     with_val = pd.DataFrame({"round": [1, 2, 3], "val_accuracy": [0.1, 0.5, 0.2]})
     assert select_round(with_val, "best_val") == 2 and selection_used(with_val, "best_val") == "best_val"
     assert selection_used(no_val, "last") == "last"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(m=st.integers(0, 300), groups=st.integers(1, 7), levels=st.sampled_from([3, 50, 0]), seed=st.integers(0, 10_000))
+def test_one_key_sort_of_float32_scores_gives_the_two_sort_auc_exactly(m, groups, levels, seed):
+    "float32 scores take the one-int64-key sort; their float64 copies the two stable sorts: every group's AUC is the same."
+    from fglit.metrics import _group_auc
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(m, generator=gen)
+    if levels:                                             # ties, zeros of both signs, negatives
+        s = torch.round(s * levels) / levels
+        s[torch.rand(m, generator=gen) < 0.1] = -0.0
+    if m and seed % 5 == 0:
+        s[int(seed) % m] = float("nan")                    # a NaN score makes its group undefined
+    g = torch.randint(0, groups, (m,), generator=gen)
+    pos = torch.rand(m, generator=gen) < 0.4
+    fast, slow = _group_auc(g, pos, s.float(), groups), _group_auc(g, pos, s.double(), groups)
+    assert torch.equal(fast.isnan(), slow.isnan()) and torch.equal(fast[~fast.isnan()], slow[~slow.isnan()])
