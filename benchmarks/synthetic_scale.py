@@ -75,7 +75,7 @@ print(json.dumps(out))
 
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
-          "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
+          "rounds", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities"]
 
 
@@ -102,7 +102,8 @@ def main() -> int:
     for size, stage, method, k in jobs:
         n, m = (int(v) for v in size.split(":"))
         args = json.dumps([n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None])
-        row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, load=round(os.getloadavg()[0], 2),
+        row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
+                   load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         try:
             out = subprocess.run([sys.executable, "-c", STAGE, args], capture_output=True, text=True, env=env, timeout=o.timeout)
