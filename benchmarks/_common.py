@@ -1,7 +1,9 @@
-"""What the benchmark scripts share: the commit they ran at, the device in words, and a dataset given by name or as a synthetic graph spec."""
+"""What the benchmark scripts share: the commit they ran at, the device in words, a stage run in a fresh interpreter, and a dataset given by name or as a synthetic graph spec."""
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,6 +15,26 @@ def short_commit() -> str:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
+
+
+def run_stage(code: str, args, env: dict, timeout: float) -> tuple[list[dict], str | None]:
+    """Run `code` in a fresh interpreter (`python -c code '<args as JSON>'`, so its peak memory is its own): the JSON lines
+    it printed, each a result, and the error in one line (the last line of stderr, the signal that killed it, or the time
+    limit), None when it ended well. Results printed before a failure are kept."""
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env, timeout=timeout)
+        stdout, rc, stderr = out.stdout, out.returncode, out.stderr
+    except subprocess.TimeoutExpired as exc:
+        stdout, rc, stderr = exc.stdout or "", None, ""
+        stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if rc == 0:
+        return rows, None
+    if rc is None:
+        return rows, f"over {timeout:.0f} s"
+    if rc < 0:
+        return rows, f"killed by signal {-rc}"
+    return rows, (stderr.strip().splitlines() or [f"exit status {rc}"])[-1][:200]
 
 
 def device_name() -> str:

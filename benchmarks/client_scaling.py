@@ -16,13 +16,12 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks._common import short_commit  # noqa: E402
+from benchmarks._common import run_stage, short_commit  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
@@ -72,14 +71,9 @@ def main() -> int:
                 dataset=o.dataset, partition=o.partition, rounds=o.rounds, local_epochs=o.local_epochs, eval_every=o.eval_every or o.rounds)
     n = 0
     for k in o.clients:
-        args = json.dumps([o.dataset, o.partition, k, o.rounds, o.local_epochs, o.engines, o.seed, o.eval_every])
-        try:
-            out = subprocess.run([sys.executable, "-c", STAGE, args], capture_output=True, text=True, env=env, timeout=o.timeout)
-            rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-            if out.returncode != 0:
-                rows.append(dict(engine=o.engines[len(rows)], error=(out.stderr.strip().splitlines() or ["?"])[-1][:200]))
-        except subprocess.TimeoutExpired:
-            rows = [dict(engine="+".join(o.engines), error=f"over {o.timeout:.0f} s")]
+        rows, error = run_stage(STAGE, [o.dataset, o.partition, k, o.rounds, o.local_epochs, o.engines, o.seed, o.eval_every], env, o.timeout)
+        if error:                                   # the engine that was running when it failed
+            rows.append(dict(engine=o.engines[min(len(rows), len(o.engines) - 1)], error=error))
         for r in rows:
             row = dict(base, clients=k, load=round(os.getloadavg()[0], 2), **r)
             print(json.dumps(row), flush=True)

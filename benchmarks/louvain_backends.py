@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._common import short_commit  # noqa: E402
+from benchmarks._common import run_stage, short_commit  # noqa: E402
 
 GENERATE = r'''
 import json, sys, time, numpy as np
@@ -140,16 +140,8 @@ def main() -> int:
         for backend in o.backends:
             row = dict(base, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        load=round(os.getloadavg()[0], 2), nodes=n, edges=m, backend=backend, version=version(backend))
-            try:
-                out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps([n, str(path), backend, o.max_rss_gb, o.other_seed])],
-                                     capture_output=True, text=True, env=env, timeout=o.timeout)
-                if out.returncode == 0:
-                    row.update(json.loads(out.stdout.strip().splitlines()[-1]))
-                else:
-                    err = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
-                    row.update(error=err[:200] if out.returncode > 0 else f"killed by signal {-out.returncode}")
-            except subprocess.TimeoutExpired:
-                row.update(error=f"over {o.timeout:.0f} s")
+            results, error = run_stage(MEASURE, [n, str(path), backend, o.max_rss_gb, o.other_seed], env, o.timeout)
+            row.update(results[-1] if results and not error else {}, **({"error": error} if error else {}))
             print(json.dumps(row), flush=True)
             append_row(o.out, {k: row.get(k) for k in FIELDS})
             rows += 1

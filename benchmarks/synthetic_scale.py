@@ -23,13 +23,12 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._common import short_commit  # noqa: E402
+from benchmarks._common import run_stage, short_commit  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
@@ -101,17 +100,11 @@ def main() -> int:
     rows = []
     for size, stage, method, k in jobs:
         n, m = (int(v) for v in size.split(":"))
-        args = json.dumps([n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None])
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        try:
-            out = subprocess.run([sys.executable, "-c", STAGE, args], capture_output=True, text=True, env=env, timeout=o.timeout)
-            row.update(json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else
-                       dict(error=(out.stderr.strip().splitlines() or ["?"])[-1][:200] if out.returncode > 0 else
-                            f"killed by signal {-out.returncode}"))
-        except subprocess.TimeoutExpired:
-            row.update(error=f"over {o.timeout:.0f} s")
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None], env, o.timeout)
+        row.update(results[-1] if results and not error else {}, **({"error": error} if error else {}))
         print(json.dumps(row), flush=True)
         append_row(o.out, {k: row.get(k) for k in FIELDS})        # each row as it ends: one whole line, torn rows repaired
         rows.append(row)

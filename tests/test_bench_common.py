@@ -1,0 +1,26 @@
+"""benchmarks/_common.run_stage: a stage in a fresh interpreter, its JSON results, and its failure in one line."""
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import run_stage  # noqa: E402
+
+ENV = dict(os.environ)
+TWO_ROWS = "import json, sys; a = json.loads(sys.argv[1]); print(json.dumps({'x': a[0]})); print('noise'); print(json.dumps({'x': a[1]}), flush=True)"
+
+
+def test_results_are_the_printed_json_lines():
+    assert run_stage(TWO_ROWS, [1, 2], ENV, 60) == ([{"x": 1}, {"x": 2}], None)
+
+
+def test_a_failure_is_its_last_stderr_line_and_earlier_results_are_kept():
+    rows, error = run_stage(TWO_ROWS + "; raise ValueError('the graph is too big')", [3, 4], ENV, 60)
+    assert rows == [{"x": 3}, {"x": 4}] and error == "ValueError: the graph is too big"
+
+
+def test_a_time_limit_and_a_signal_are_named():
+    rows, error = run_stage(TWO_ROWS + "; import time; time.sleep(30)", [5, 6], ENV, 3)
+    assert error == "over 3 s" and rows == [{"x": 5}, {"x": 6}]
+    assert run_stage("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", [], ENV, 60) == ([], "killed by signal 9")
