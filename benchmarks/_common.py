@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ def short_commit() -> str:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
+
+
+def stage_env() -> dict:
+    "The environment a benchmark stage runs in: one torch thread, and this checkout importable."
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def run_stage(code: str, args, env: dict, timeout: float) -> tuple[list[dict], str | None]:
@@ -35,6 +41,26 @@ def run_stage(code: str, args, env: dict, timeout: float) -> tuple[list[dict], s
     if rc < 0:
         return rows, f"killed by signal {-rc}"
     return rows, (stderr.strip().splitlines() or [f"exit status {rc}"])[-1][:200]
+
+
+def stage_outcome(results: list[dict], error: str | None) -> dict:
+    "The columns a one-result stage adds to its row: its (last) result, or its error."
+    return {"error": error} if error else (results[-1] if results else {})
+
+
+class RowLog:
+    "A benchmark's rows: each printed as JSON and appended to the CSV `out` (the columns `fields`) as it ends."
+    def __init__(self, out: Path, fields: list[str]):
+        self.out, self.fields, self.count = out, fields, 0
+
+    def write(self, row: dict) -> None:
+        from fglit.reproduction import append_row
+        print(json.dumps(row), flush=True)
+        append_row(self.out, {f: row.get(f) for f in self.fields})      # one whole line; torn rows repaired
+        self.count += 1
+
+    def summary(self) -> str:
+        return f"appended {self.count} rows to {self.out.relative_to(REPO) if self.out.is_relative_to(REPO) else self.out}"
 
 
 def device_name() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks._common import run_stage, short_commit  # noqa: E402
+from benchmarks._common import RowLog, run_stage, short_commit, stage_env  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
@@ -64,22 +63,17 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "client_scaling.csv")
     o = ap.parse_args()
-    from fglit.reproduction import append_row
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env, log = stage_env(), RowLog(o.out, FIELDS)
     base = dict(machine=platform.node(), cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), commit=short_commit(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=1,
                 dataset=o.dataset, partition=o.partition, rounds=o.rounds, local_epochs=o.local_epochs, eval_every=o.eval_every or o.rounds)
-    n = 0
     for k in o.clients:
         rows, error = run_stage(STAGE, [o.dataset, o.partition, k, o.rounds, o.local_epochs, o.engines, o.seed, o.eval_every], env, o.timeout)
         if error:                                   # the engine that was running when it failed
             rows.append(dict(engine=o.engines[min(len(rows), len(o.engines) - 1)], error=error))
         for r in rows:
-            row = dict(base, clients=k, load=round(os.getloadavg()[0], 2), **r)
-            print(json.dumps(row), flush=True)
-            append_row(o.out, {f: row.get(f) for f in FIELDS})
-            n += 1
-    print(f"appended {n} rows to {o.out.relative_to(REPO) if o.out.is_relative_to(REPO) else o.out}")
+            log.write(dict(base, clients=k, load=round(os.getloadavg()[0], 2), **r))
+    print(log.summary())
     return 0
 
 

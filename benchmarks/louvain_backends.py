@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._common import run_stage, short_commit  # noqa: E402
+from benchmarks._common import RowLog, run_stage, short_commit, stage_env, stage_outcome  # noqa: E402
 
 GENERATE = r'''
 import json, sys, time, numpy as np
@@ -122,11 +122,9 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "fglit-louvain-bench")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "louvain_backends.csv")
     o = ap.parse_args()
-    from fglit.reproduction import append_row
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env, log = stage_env(), RowLog(o.out, FIELDS)
     o.cache.mkdir(parents=True, exist_ok=True)
     base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
-    rows = 0
     for size in o.sizes:
         n, m = (int(v) for v in size.split(":"))
         path = o.cache / f"synthetic-{n}-{m}-edge_index.npy"
@@ -141,11 +139,8 @@ def main() -> int:
             row = dict(base, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        load=round(os.getloadavg()[0], 2), nodes=n, edges=m, backend=backend, version=version(backend))
             results, error = run_stage(MEASURE, [n, str(path), backend, o.max_rss_gb, o.other_seed], env, o.timeout)
-            row.update(results[-1] if results and not error else {}, **({"error": error} if error else {}))
-            print(json.dumps(row), flush=True)
-            append_row(o.out, {k: row.get(k) for k in FIELDS})
-            rows += 1
-    print(f"appended {rows} rows to {o.out.relative_to(REPO) if o.out.is_relative_to(REPO) else o.out}")
+            log.write({**row, **stage_outcome(results, error)})
+    print(log.summary())
     return 0
 
 

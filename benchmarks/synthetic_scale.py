@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._common import run_stage, short_commit  # noqa: E402
+from benchmarks._common import RowLog, run_stage, short_commit, stage_env, stage_outcome  # noqa: E402
 
 STAGE = r'''
 import json, resource, sys, time
@@ -91,15 +90,13 @@ def main() -> int:
     ap.add_argument("--graph-cache", type=Path, default=None, help="keep each generated graph here; later stages load it")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "synthetic_scale.csv")
     o = ap.parse_args()
-    from fglit.reproduction import append_row
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env, log = stage_env(), RowLog(o.out, FIELDS)
     base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
     cached = lambda size: o.graph_cache is not None and (o.graph_cache / f"synthetic-{size.replace(':', '-')}-47c-100f-h0.8-s0.pt").exists()
     needs_graph = bool({"partition", "fedavg"} & set(o.stages)) and o.graph_cache is not None
     jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
     jobs += [(size, stage, method, k) for size in o.sizes for stage in ("partition", "fedavg") if stage in o.stages
              for method in o.partitions for k in o.clients]
-    rows = []
     for size, stage, method, k in jobs:
         n, m = (int(v) for v in size.split(":"))
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
@@ -107,11 +104,8 @@ def main() -> int:
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None, o.eval_every], env, o.timeout)
-        row.update(results[-1] if results and not error else {}, **({"error": error} if error else {}))
-        print(json.dumps(row), flush=True)
-        append_row(o.out, {k: row.get(k) for k in FIELDS})        # each row as it ends: one whole line, torn rows repaired
-        rows.append(row)
-    print(f"appended {len(rows)} rows to {o.out.relative_to(REPO) if o.out.is_relative_to(REPO) else o.out}")
+        log.write({**row, **stage_outcome(results, error)})
+    print(log.summary())
     return 0
 
 

@@ -24,3 +24,18 @@ def test_a_time_limit_and_a_signal_are_named():
     rows, error = run_stage(TWO_ROWS + "; import time; time.sleep(30)", [5, 6], ENV, 3)
     assert error == "over 3 s" and rows == [{"x": 5}, {"x": 6}]
     assert run_stage("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", [], ENV, 60) == ([], "killed by signal 9")
+
+
+def test_a_stage_row_takes_its_last_result_or_its_error():
+    from benchmarks._common import stage_outcome
+    assert stage_outcome([{"x": 1}, {"x": 2}], None) == {"x": 2}
+    assert stage_outcome([{"x": 1}], "over 3 s") == {"error": "over 3 s"} and stage_outcome([], None) == {}
+
+
+def test_row_log_writes_the_fields_of_each_row_and_counts_them(tmp_path, capsys):
+    import pandas as pd
+    from benchmarks._common import RowLog
+    log = RowLog(tmp_path / "rows.csv", ["a", "b"])
+    log.write({"a": 1, "b": 2, "c": 3}); log.write({"a": 4})
+    assert pd.read_csv(tmp_path / "rows.csv").fillna(-1).values.tolist() == [[1, 2], [4, -1]]
+    assert log.summary().startswith("appended 2 rows to") and capsys.readouterr().out.count('"a"') == 2
