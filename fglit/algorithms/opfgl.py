@@ -326,15 +326,16 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         smooth = smoothness_loss(x, a, config.smoothness)
         return align, smooth
 
-    history = []
+    history, edge_params = [], list(link.parameters())
     link.train()
     for it in range(config.surrogate_iters):
         edge_step = (it % config.surrogate_block) < config.surrogate_edge_steps
         align, smooth = losses(x)
         loss = config.align_weight * align + config.smooth_weight * smooth
-        opt_x.zero_grad(); opt_g.zero_grad()
-        loss.backward()
-        (opt_g if edge_step else opt_x).step()
+        # only the gradients the step uses: the edge model's on edge steps, the features' otherwise
+        stepped, opt = (edge_params, opt_g) if edge_step else ([x], opt_x)
+        for p, g in zip(stepped, torch.autograd.grad(loss, stepped)): p.grad = g
+        opt.step()
         if it % log_every == 0 or it == config.surrogate_iters - 1:
             history.append(dict(iteration=it, align=align.item(), smooth=smooth.item(), loss=loss.item()))
     with torch.no_grad():
@@ -425,11 +426,13 @@ class OpFGLClient(Client):
         "Adam on `loss_fn` with early stopping on validation accuracy; the best weights are restored; returns the iterations run."
         opt = make_optimizer(self.model, self.config, lr)
         stopper, it = EarlyStopping(self.model, self.config.patience, strict=self.config.early_stopping == "strict"), 0
+        self.model.train()
         for it in range(1, iters + 1):
-            self.model.train(); opt.zero_grad()
+            opt.zero_grad()
             loss_fn().backward(); opt.step()
-            if it % self.config.eval_interval == 0 and stopper.check(self.val_accuracy(self.model)):
-                break
+            if it % self.config.eval_interval == 0:
+                if stopper.check(self.val_accuracy(self.model)): break
+                self.model.train()                   # val_accuracy left it in eval mode
         if not stopper.checks or it % self.config.eval_interval: stopper.check(self.val_accuracy(self.model))
         stopper.restore()
         return it
@@ -450,6 +453,7 @@ class OpFGLClient(Client):
         teacher = self.teacher = copy.deepcopy(self.model).eval()
         with torch.no_grad():
             teacher_logp = F.log_softmax(teacher(g.x, g.edge_index), -1)
+            teacher_p = teacher_logp.exp()
         if mode == "adaptive":
             lam = distillation_weights(self.soft if c.lambda_labels == "soft" else self.lp_scores, self.class_h, c.distill_alpha,
                                        c.lambda_min, c.lambda_max)
@@ -466,7 +470,7 @@ class OpFGLClient(Client):
             elif c.finetune_loss == "focal": sup = focal_loss(logits[mask], y, c.focal_gamma)
             else: sup = F.cross_entropy(logits[mask], y)
             if mode == "none": return sup
-            kl = (teacher_logp.exp() * (teacher_logp - F.log_softmax(logits, -1))).sum(-1)
+            kl = (teacher_p * (teacher_logp - F.log_softmax(logits, -1))).sum(-1)
             return sup + (lam * kl).mean()
         it = self._train(loss, c.finetune_lr if distill else c.lr, c.finetune_iters)
         self.log.update(stage2_iters=it, stage2_val=self.val_accuracy(self.model), lambda_mean=float(lam.mean()),

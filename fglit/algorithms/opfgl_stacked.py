@@ -42,7 +42,7 @@ class StackedOpFGL(StackedClients):
         return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
 
     def train_stage(self, loss_fn, lr: float, iters: int, active: Tensor) -> Tensor:
-        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran."
+        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Every row steps every iteration (one in-place optimizer step, no gathering of the running rows): a stopped client's row is overwritten at the end by the weights it keeps, and a client outside `active` gets its starting weights back."
         c, K = self.config, self.params.K
         strict = c.early_stopping == "strict"
         self.params.reset_optimizer(lr)
@@ -60,19 +60,25 @@ class StackedOpFGL(StackedClients):
             rows = better.nonzero().squeeze(1).to(state.device)
             state[rows] = self.params.flat()[rows]; has_state[better] = True
 
+        every = torch.ones(K, dtype=torch.bool, device=self.stack.x.device)
         for it in range(1, iters + 1):
             if not bool(running.any()): break
             self.params.zero_grad()
             loss_fn(running.to(self.stack.x.device)).backward()
-            self.params.step(running.to(self.stack.x.device))
+            self.params.step(every)
             its[running] = it
             if it % c.eval_interval == 0:
                 who = running.clone()
                 check(who)
-                running &= ~(who & (bad >= c.patience))
+                stop = who & (bad >= c.patience)
+                as_trained = stop & ~has_state        # strict, never above 0: kept as trained up to here
+                if bool(as_trained.any()):
+                    rows = as_trained.nonzero().squeeze(1).to(state.device)
+                    state[rows] = self.params.flat()[rows]; has_state[as_trained] = True
+                running &= ~stop
         final = active & ((checks == 0) | (its % c.eval_interval != 0))
         if bool(final.any()): check(final)
-        restore = (active & has_state).nonzero().squeeze(1).to(state.device)
+        restore = ((active & has_state) | ~active).nonzero().squeeze(1).to(state.device)
         self.params.load(restore.tolist(), list(state[restore])) if len(restore) else None
         return its
 
