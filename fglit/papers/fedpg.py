@@ -23,10 +23,10 @@ from ..reproduction import register_reproduction
 
 
 # %% auto #0
-__all__ = ['METHODS', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS', 'TABLE89_METHODS',
-           'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'GRAPH_DIAGNOSIS_METHODS', 'NODE_DATASETS',
-           'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_NOTE',
-           'CODE_LABELS_NOTE', 'CODE_LABELS', 'AUTHORS_CODE', 'AUTHORS_VARIANTS', 'AUTHORS_PAPER_METHOD',
+__all__ = ['METHODS', 'PAPER_BASELINES', 'MISSING_METHODS', 'PAPER_NAME', 'TABLE5_METHODS', 'TABLE6_METHODS', 'TABLE7_METHODS',
+           'TABLE89_METHODS', 'WEIGHT_DECAY_METHODS', 'TABLE10_METHODS', 'REFERENCE_METHODS', 'GRAPH_DIAGNOSIS_METHODS',
+           'NODE_DATASETS', 'GRAPH_DATASETS', 'SUBGRAPH_SETUP', 'GRAPH_SETUP', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS',
+           'CODE_NOTE', 'CODE_LABELS_NOTE', 'CODE_LABELS', 'AUTHORS_CODE', 'AUTHORS_VARIANTS', 'AUTHORS_PAPER_METHOD',
            'QUICK_ROUNDS', 'FEDPG', 'reproduce', 'FEDPG_AUTHORS', 'RESULTS', 'paper_numbers', 'available_methods',
            'fedpg_experiments', 'authors_experiments', 'write_authors_code', 'parameter_count', 'run_fedpg_experiment',
            'side_by_side', 'efficiency_table', 'coverage', 'load_results', 'weight_decay_effect', 'reference_levels',
@@ -52,6 +52,12 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "FedTAD": ("fedtad", {}),
     "GCFL+": ("gcfl+", {}),
     "FedStar": ("fedstar", {}),
+    "FedNH": ("fednh", {}),                                 # the lower-priority baselines (issue #30), one notebook each
+    "FPL": ("fpl", {}),
+    "FGSSL": ("fgssl", {}),
+    "FedDC": ("feddc", {}),
+    "FedDistill": ("feddistill", {}),
+    "FedGen": ("fedgen", {}),
     "FedPG": ("fedpg", {}),
     "FedPG+noise10": ("fedpg", {"dp_fraction": 0.1, "dp_noise": 0.001, "dp_clip": 100.0, "dp_seeded_noise": True}),
     "w/o-RF-context": ("fedpg", {"hops": 0}),
@@ -69,14 +75,15 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "Pooled": ("standalone", {"pool": "pooled"}),           # one model on every client's nodes and edges,
     "Centralised": ("standalone", {"pool": "centralised"}),  # the same with the edges the partition cut
 }
-MISSING_METHODS = ("FPL", "FedNH", "FGSSL", "FGGP", "FedDC", "FedKD", "FedGen", "FedDistill")
+PAPER_BASELINES = ("FPL", "FedNH", "FGSSL", "FGGP", "FedDC", "FedKD", "FedGen", "FedDistill")   # compared with in the paper
+MISSING_METHODS = tuple(m for m in PAPER_BASELINES if m not in METHODS)                      # ... and not in fglit
 PAPER_NAME = {"SCAFFOLD": "Scaffold"}       # Table VII prints Scaffold
 
 TABLE5_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedTAD",
-                  "FedPG", "FedPG+noise10")
-TABLE6_METHODS = ("FedProto", "FedTGP", "FedPG")
-TABLE7_METHODS = ("SCAFFOLD", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedPG")
-TABLE89_METHODS = ("FedAvg", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
+                  "FPL", "FedNH", "FGSSL", "FedPG", "FedPG+noise10")
+TABLE6_METHODS = ("FedProto", "FedTGP", "FedDistill", "FedGen", "FedPG")
+TABLE7_METHODS = ("SCAFFOLD", "FedDC", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedPG")
+TABLE89_METHODS = ("FedAvg", "FedDC", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
