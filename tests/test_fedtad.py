@@ -15,9 +15,9 @@ from torch_geometric.data import Data
 
 import fglit.algorithms.fedtad  # registers "fedtad"
 from fglit.algorithms.fedtad import (ConditionalGenerator, DataFreeDistiller, FedTADClient, FedTADConfig, FedTADServer,
-                                     class_means, class_reliability, client_reliability, divergence, diversity_loss,
-                                     ensemble_logits, node_reliability, pseudo_graph, pseudo_labels, semantic_loss,
-                                     teacher_weights, topology_embedding)
+                                     class_means, class_reliability, client_reliability, divergence, node_reliability,
+                                     pseudo_graph, pseudo_labels, semantic_loss, topology_embedding)
+from fglit.algorithms.generator import diversity_loss, ensemble_logits, teacher_weights     # the shared data-free maths
 from fglit.federation import (ALGORITHM_MODULES, ClientInfo, ConfigError, LocalData, ModelSpec, get_algorithm, make_config, run,
                               weighted_mean)
 
@@ -116,25 +116,7 @@ def test_node_reliability_is_in_range_and_invariant_to_relabelling(n, d, seed, d
     assert torch.allclose(r_perm, r[perm])
 
 
-# -- teacher weights and the ensemble -------------------------------------------------------------
-reliability_matrices = st.integers(1, 6).flatmap(lambda K: st.integers(1, 5).flatmap(lambda C: st.lists(
-    st.lists(st.one_of(st.just(0.0), st.floats(0, 50)), min_size=C, max_size=C), min_size=K, max_size=K)))
-
-
-@settings(max_examples=60, deadline=None)
-@given(rel=reliability_matrices, seed=st.integers(0, 10_000))
-def test_teacher_weights_are_convex_per_class_and_permutation_equivariant(rel, seed):
-    R = torch.tensor(rel, dtype=F64)
-    K, C = R.shape
-    W = teacher_weights(R)
-    assert W.shape == (K, C) and ((W >= 0) & (W <= 1)).all()
-    known = R.sum(0) > 0
-    assert torch.allclose(W.sum(0)[known], torch.ones(int(known.sum()), dtype=F64)) and (W[:, ~known] == 0).all()
-    perm = torch.randperm(K, generator=torch.Generator().manual_seed(seed))
-    assert torch.allclose(teacher_weights(R[perm]), W[perm])
-    assert torch.allclose(teacher_weights(3.5 * R), W)                          # scale-free
-
-
+# -- the reliability-weighted ensemble (teacher_weights itself: tests/test_generator.py) -----------
 @settings(max_examples=60, deadline=None)
 @given(K=st.integers(1, 6), n=st.integers(1, 12), C=st.integers(1, 5), seed=st.integers(0, 10_000), level=st.floats(0.1, 100))
 def test_weighted_teacher_logits_are_a_convex_combination(K, n, C, seed, level):
@@ -169,8 +151,6 @@ def test_divergence_and_semantic_loss_values():
     assert torch.equal(class_means(torch.tensor([[1.0, 3.0, 5.0]]), torch.tensor([0, 0, 2]), 4), torch.tensor([[2.0, 0.0, 5.0, 0.0]]))
     with pytest.raises(ValueError, match="target"):
         divergence(s, t, W, labels, "median")
-    with pytest.raises(ValueError, match="finite"):
-        teacher_weights(torch.tensor([[1.0, -1.0]]))
 
 
 # -- generator and pseudo graph -------------------------------------------------------------------

@@ -5,7 +5,6 @@
 # %% ../../nbs/19_fedtad.ipynb #8e5374df
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -17,17 +16,17 @@ from torch import Tensor, nn
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
 from .fedavg import FedAvgClient, FedAvgServer
+from .generator import diversity_loss, ensemble_logits, teacher_weights
 from .structure import random_walk_embedding
 from ..core import get_device
-from ..federation import ConfigError, FedConfig, Message, flat_state, load_flat_state, register_algorithm
+from ..federation import FedConfig, Message, flat_state, load_flat_state, register_algorithm
 from ..models import knn_graph
 from ..fl.config import setting
 
 # %% auto #0
 __all__ = ['DISTILL_TARGETS', 'GENERATOR_HIDDEN', 'FEDTAD', 'FedTADConfig', 'topology_embedding', 'node_reliability',
-           'class_reliability', 'client_reliability', 'teacher_weights', 'ensemble_logits', 'pseudo_labels',
-           'ConditionalGenerator', 'pseudo_graph', 'diversity_loss', 'class_means', 'divergence', 'semantic_loss',
-           'DataFreeDistiller', 'FedTADClient', 'FedTADServer']
+           'class_reliability', 'client_reliability', 'pseudo_labels', 'ConditionalGenerator', 'pseudo_graph',
+           'class_means', 'divergence', 'semantic_loss', 'DataFreeDistiller', 'FedTADClient', 'FedTADServer']
 
 # %% ../../nbs/19_fedtad.ipynb #18c133f2
 DISTILL_TARGETS = ("teachers", "ensemble")
@@ -78,19 +77,6 @@ def client_reliability(x: Tensor, edge_index: Tensor, y: Tensor, train_mask: Ten
     "A client's class-wise knowledge reliability $\\mathrm{CKR}_i\\in\\mathbb R_{\\ge0}^C$ from its subgraph (no model involved)."
     return class_reliability(node_reliability(topology_embedding(x, edge_index, walk_length), edge_index), y, train_mask, num_classes)
 
-# %% ../../nbs/19_fedtad.ipynb #61c21e35
-def teacher_weights(reliability: Tensor) -> Tensor:
-    "$w_{ic}=\\mathrm{CKR}_{ic}/\\sum_j\\mathrm{CKR}_{jc}$ for `[K, C]` reliabilities: each class's column a convex combination over the K teachers; a class nobody holds gets a zero column."
-    r = torch.as_tensor(reliability, dtype=torch.float64)
-    if r.dim() != 2 or not (torch.isfinite(r).all() and (r >= 0).all()):
-        raise ValueError(f"reliabilities must be a [K, C] matrix of finite values >= 0, got shape {tuple(r.shape)}")
-    total = r.sum(0, keepdim=True)
-    return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), torch.zeros_like(r))
-
-def ensemble_logits(teacher_logits: Tensor, weights: Tensor, labels: Tensor) -> Tensor:
-    "$\\bar t_v=\\sum_i w_{i,c_v}\\,t_{i,v}$: each pseudo node's teacher logits (`[K, n, C]`) mixed by its class's reliability weights (`[K, C]`)."
-    return (weights.to(teacher_logits.dtype)[:, labels].unsqueeze(-1) * teacher_logits).sum(0)
-
 # %% ../../nbs/19_fedtad.ipynb #61ed3a16
 def pseudo_labels(num_nodes: int, classes: Tensor) -> Tensor:
     "Conditioning labels of the pseudo nodes: `classes` in near-equal contiguous blocks (`[num_nodes]`)."
@@ -114,12 +100,6 @@ class ConditionalGenerator(nn.Module):
 def pseudo_graph(x: Tensor, k: int) -> Tensor:
     "The pseudo graph's `edge_index`: the symmetric cosine k-nearest-neighbour graph of the generated features (no gradient through the structure)."
     return knn_graph(x.detach(), k)
-
-def diversity_loss(z: Tensor, x: Tensor) -> Tensor:
-    "$\\exp(-\\operatorname{mean}_{a,b}\\,d_z(a,b)\\,d_x(a,b))$, $d_z$ the mean squared and $d_x$ the mean absolute difference: small when distant noises give distant outputs."
-    dz = torch.cdist(z, z).pow(2) / z.size(1)
-    dx = torch.cdist(x, x, p=1) / x.size(1)
-    return torch.exp(-(dz * dx).mean())
 
 # %% ../../nbs/19_fedtad.ipynb #99a00df6
 def class_means(values: Tensor, labels: Tensor, num_classes: int) -> Tensor:
