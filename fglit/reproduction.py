@@ -28,7 +28,7 @@ __all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES
            'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction', 'compare_with_paper',
            'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files', 'with_provenance',
            'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
-           'write_authors_code', 'miss_cause', 'authors_verdicts']
+           'write_authors_code', 'miss_cause', 'authors_verdicts', 'method_sentences']
 
 # %% ../nbs/08_reproduction.ipynb #670573a4
 PAPER_NUMBER_COLUMNS = ["table", "dataset", "partition", "clients", "method", "metric", "mean", "std", "note"]
@@ -468,3 +468,22 @@ def authors_verdicts(t: pd.DataFrame, metric_names: dict | None = None) -> list[
         out.append(f"{cell}: paper {paper}; authors' code {a}; fglit on the authors' partition {f}; fglit on its own {o}; "
                    f"{same}{tail}.")
     return out
+
+# %% ../nbs/08_reproduction.ipynb #14675848
+def method_sentences(side: pd.DataFrame, methods, reference: Callable[[str], str] = lambda table: "FedAvg",
+                     paper_seeds: int | None = None) -> list[str]:
+    "One markdown line per (table, method in `methods`) of `side`: each cell's score, the paper's and the miss, and `reference(table)`'s score on the same cell."
+    lines = []
+    for (t, m), g in side[side.base_method.isin(list(methods))].groupby(["table", "base_method"], sort=False):
+        ref, cells = reference(t), []
+        for _, r in g.iterrows():
+            other = side[(side.table == t) & (side.dataset == r.dataset) & (side.partition == r.partition) & (side.clients == r.clients)
+                         & (side.note == r.note) & (side.base_method == ref) & (side.metric == r.metric)]
+            where = f"{r.dataset}{' ' + r.note if r.note else ''}"
+            paper = f"paper {r.paper:.1f}, miss {r['diff']:+.1f}" if pd.notna(r.paper) else "no paper cell"
+            against = f"; {ref} {other.ours.iloc[0]:.1f}" if len(other) else ""
+            cells.append(f"{where} {r.ours:.1f} ({paper}{against})")
+        n = int(g.seeds.max())
+        ran = f"{n} seed{'s' if n > 1 else ''}" + (f"; the paper ran {paper_seeds}" if paper_seeds else "")
+        lines.append(f"- Table {t}, **{m}** ({ran}): " + "; ".join(cells) + ".")
+    return lines

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal   # Literal: in the annotations CoBoostConfig inherits (show_doc resolves them here)
 
 import torch
 import torch.nn.functional as F

@@ -58,6 +58,7 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "FedDC": ("feddc", {}),
     "FedDistill": ("feddistill", {}),
     "FedGen": ("fedgen", {}),
+    "FedKD": ("fedkd", {}),
     "FedPG": ("fedpg", {}),
     "FedPG+noise10": ("fedpg", {"dp_fraction": 0.1, "dp_noise": 0.001, "dp_clip": 100.0, "dp_seeded_noise": True}),
     "w/o-RF-context": ("fedpg", {"hops": 0}),
@@ -81,7 +82,7 @@ PAPER_NAME = {"SCAFFOLD": "Scaffold"}       # Table VII prints Scaffold
 
 TABLE5_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedTAD",
                   "FPL", "FedNH", "FGSSL", "FedPG", "FedPG+noise10")
-TABLE6_METHODS = ("FedProto", "FedTGP", "FedDistill", "FedGen", "FedPG")
+TABLE6_METHODS = ("FedProto", "FedTGP", "FedDistill", "FedGen", "FedKD", "FedPG")
 TABLE7_METHODS = ("SCAFFOLD", "FedDC", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedPG")
 TABLE89_METHODS = ("FedAvg", "FedDC", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off

@@ -45,7 +45,7 @@ _SHARED_FIELDS = ("hidden", "layers", "lr", "weight_decay", "batch_size", "selec
 GIN_SETUP = {"model": "gin", **{f.name: f.default for f in fields(GraphPFLConfig) if f.name in _SHARED_FIELDS}, "folds": 5}
 METHODS = {"GPFL": "gpfl", "Self-train": "standalone", "FedAvg": "fedavg", "FedProx": "fedprox", "SCAFFOLD": "scaffold",
            "GCFL": "gcfl", "GCFL+": "gcfl+", "FedStar": "fedstar", "FedAMP": "fedamp", "pFedGraph": "pfedgraph",
-           "FED-PUB": "fedpub"}
+           "FED-PUB": "fedpub", "FedSelect": "fedselect"}
 # variants run beside the table's methods (compared with the paper's cell of `paper_method`): name -> (algorithm, settings, paper_method)
 VARIANTS = {"GPFL-gamma-network": ("gpfl", {"gamma_on": "network"}, "GPFL")}   # decision 1: gamma on the network term (authors' code)
 

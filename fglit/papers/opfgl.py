@@ -42,6 +42,8 @@ METHODS = {   # name in our tables -> (algorithm, rounds, local_epochs, settings
     "FedAvg (100 rounds)": ("fedavg", 100, 3, PAPER_GCN, "100", "FedAvg", "100 rounds"),
     "FedProto (100 rounds)": ("fedproto", 100, 3, PAPER_GCN, None, "", ""),
     "FedTGP (100 rounds)": ("fedtgp", 100, 3, PAPER_GCN, None, "", ""),
+    "DENSE": ("dense", None, None, PAPER_GCN, None, "DENSE", ""),          # one-shot data-free (11g_dense): its own defaults
+    "Co-Boost": ("coboost", None, None, PAPER_GCN, None, "Co-Boost", ""),
 }
 ONE_SHOT_TABLES = {"1": ("louvain+", 10), "5": ("metis+", 10), "4": ("louvain+", 20), "7": ("metis+", 20)}
 HUNDRED_ROUND_TABLE = {"1": "8", "5": "9"}          # where the paper prints baselines given 100 rounds
