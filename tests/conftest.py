@@ -41,6 +41,15 @@ def fresh_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory) -> Path:
+    "An empty fglit cache shared by the tests of one module (`pytestmark = pytest.mark.usefixtures(\"module_cache\")`)."
+    with pytest.MonkeyPatch.context() as mp:
+        cache = tmp_path_factory.mktemp("cache")
+        mp.setenv("FGLIT_CACHE", str(cache))
+        yield cache
+
+
 def pytest_addoption(parser):
     parser.addoption("--gpu", action="store_true", help="also run the tests marked gpu (needs CUDA)")
 

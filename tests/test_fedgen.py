@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from _device import DEV, same_run
+from _node_pfl import make_clients
 
 from fglit.algorithms.fedgen import (FedGenClient, FedGenConfig, FedGenServer, build_generator, decayed_weight)
 from fglit.algorithms.generator import sample_labels, sample_noise
@@ -94,12 +95,8 @@ def test_generator_and_teachers_leave_the_global_stream_alone():
 # -- the client ----------------------------------------------------------------------------------------------------
 
 def cora_client(cora_parts, **settings):
-    ds, parts = cora_parts
-    config = make_config(FedGenConfig, {"local_epochs": 1, "hidden": 16, **settings})
-    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", config.hidden, config.layers, config.dropout)
     torch.manual_seed(0)
-    clients = [FedGenClient(i, LocalData(c, "node"), config, spec) for i, c in enumerate(parts.clients)]
-    server = FedGenServer(config, [ClientInfo(i, c.data.num_train, 1) for i, c in enumerate(clients)], spec)
+    config, _, server, clients = make_clients(FedGenConfig, FedGenServer, FedGenClient, *cora_parts, **settings)
     return clients, server, config
 
 

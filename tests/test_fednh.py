@@ -19,11 +19,7 @@ from fglit.own_model import ModuleAdapter
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FGLIT_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("module_cache")     # a private fglit cache for this module
 
 
 # -- the head ------------------------------------------------------------------------------------------------------

@@ -6,11 +6,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from _device import DEV, same_run
+from _node_pfl import make_clients as pfl_clients
 
 from fglit.algorithms.fedselect import (FedSelectClient, FedSelectConfig, FedSelectServer, grow_personal, masked_average,
                                         selection_groups)
 from fglit.algorithms.personalisation import parameter_views
-from fglit.federation import ClientInfo, LocalData, ModelSpec, flat_state, get_algorithm, make_config, run
+from fglit.federation import ModelSpec, flat_state, get_algorithm, make_config, run
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 QUICK = dict(local_epochs=1, seeds=[0], progress=False)
@@ -67,12 +68,9 @@ def test_selection_groups_cover_the_weights_not_the_buffers():
 # -- the client and server -----------------------------------------------------------------------------------------
 
 def make_clients(cora_parts, **settings):
-    ds, parts = cora_parts
-    config = make_config(FedSelectConfig, {"local_epochs": 1, "hidden": 16, **settings})
-    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", config.hidden, config.layers, config.dropout)
     torch.manual_seed(0)
-    clients = [FedSelectClient(i, LocalData(c, "node"), config, spec) for i, c in enumerate(parts.clients)]
-    return clients, FedSelectServer(config, [ClientInfo(i, c.data.num_train, 1) for i, c in enumerate(clients)], spec)
+    _, _, server, clients = pfl_clients(FedSelectConfig, FedSelectServer, FedSelectClient, *cora_parts, **settings)
+    return clients, server
 
 
 def test_a_pass_moves_only_the_entries_it_trains(cora_parts):

@@ -20,11 +20,7 @@ CORA = dict(partition="louvain", clients=10, settings={"mode": "pack"})
 MUTAG = dict(partition="dirichlet", clients=3, settings={"alpha": 1.0})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _private_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FGLIT_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("module_cache")     # a private fglit cache for this module
 
 
 @pytest.fixture(scope="module")
