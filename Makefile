@@ -27,10 +27,11 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/fglit run fedavg --dataset Cora --partition louvain --clients 10 --rounds 100 --local-epochs 3 --seeds 0 1 2
 
-# Every test: package/notebook sync, docs processing, the notebooks (nbdev_test), pytest.
+# Every test: package/notebook sync, docs processing, the notebooks (nbdev_test), pytest. Both test runners use JOBS
+# processes of one torch thread each (several threads per process on a small machine oversubscribe its cores).
 test: setup check-sync docs-proc
-	$(BIN)/nbdev_test --timing
-	$(BIN)/python -m pytest tests -q -m "not long"
+	OMP_NUM_THREADS=1 $(BIN)/nbdev_test --timing --n_workers $(JOBS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -q -m "not long" -n $(JOBS)
 
 # The tests `make test` leaves out for time: O-pFGL deployed over real SuperNode processes on loopback.
 test-long: setup

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 import fglit.algorithms.coboost  # registers "coboost"
 from fglit.algorithms.coboost import CoBoostClient, CoBoostConfig, CoBoostDistiller, CoBoostServer, hard_samples, update_ensemble_weights
-from fglit.algorithms.datafree import DenseConfig, DenseDistiller, OneShotClient, OneShotServer
+from fglit.algorithms.datafree import DataFreeServer, DenseConfig, DenseDistiller
+from fglit.algorithms.oneshot import OneShotClient
 from fglit.federation import ConfigError, ModelSpec, get_algorithm, make_config, run
 
 QUICK = {"local_epochs": 20, "distill_epochs": 4, "generator_steps": 5, "student_steps": 2, "hidden": 16}
@@ -17,7 +18,7 @@ QUICK = {"local_epochs": 20, "distill_epochs": 4, "generator_steps": 5, "student
 def test_registered_as_dense_with_coboosts_changes():
     algo = get_algorithm("coboost")
     assert algo.client is CoBoostClient and algo.server is CoBoostServer and CoBoostServer.distiller is CoBoostDistiller
-    assert issubclass(CoBoostClient, OneShotClient) and issubclass(CoBoostServer, OneShotServer)
+    assert issubclass(CoBoostClient, OneShotClient) and issubclass(CoBoostServer, DataFreeServer)
     assert issubclass(CoBoostConfig, DenseConfig) and issubclass(CoBoostDistiller, DenseDistiller) and "ICLR 2024" in algo.paper
     c = make_config(CoBoostConfig)
     assert (c.hard_eps, c.hard_steps, c.weight_step, c.rounds) == (0.05, 1, 0.01, 1)

@@ -8,7 +8,8 @@ from torch import nn
 
 import fglit.algorithms.dense  # registers "dense"
 from fglit.algorithms.dense import DenseClient, DenseServer
-from fglit.algorithms.datafree import (BatchNormStatistics, BoundedGenerator, DenseConfig, DenseDistiller, OneShotClient, OneShotServer,
+from fglit.algorithms.oneshot import OneShotClient
+from fglit.algorithms.datafree import (BatchNormStatistics, BoundedGenerator, DataFreeServer, DenseConfig, DenseDistiller,
                                        adversarial_loss, distillation_loss, kl_rows, synthetic_graph)
 from fglit.algorithms.generator import LabelConditionalGenerator
 from fglit.federation import ClientInfo, ConfigError, ModelSpec, get_algorithm, make_config, run
@@ -19,7 +20,7 @@ QUICK = {"local_epochs": 20, "distill_epochs": 4, "generator_steps": 5, "student
 def test_registered_with_the_papers_weights_and_one_round():
     algo = get_algorithm("dense")
     assert algo.client is DenseClient and algo.server is DenseServer and algo.config is DenseConfig
-    assert issubclass(DenseClient, OneShotClient) and issubclass(DenseServer, OneShotServer) and DenseServer.distiller is DenseDistiller
+    assert issubclass(DenseClient, OneShotClient) and issubclass(DenseServer, DataFreeServer) and DenseServer.distiller is DenseDistiller
     assert algo.sums_only is False and "NeurIPS 2022" in algo.paper
     c = make_config(DenseConfig)
     assert (c.rounds, c.bn_weight, c.adversarial_weight, c.adversarial_mask, c.diversity_weight, c.label_sampling) == (1, 1.0, 0.5, "agree", 0.0, "uniform")

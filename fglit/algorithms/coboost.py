@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .datafree import DenseConfig, DenseDistiller, OneShotClient, OneShotServer
+from .datafree import DataFreeServer, DenseConfig, DenseDistiller
+from .oneshot import OneShotClient
 from .generator import ensemble_logits
 from ..federation import register_algorithm
 from ..fl.config import setting
@@ -72,7 +73,7 @@ class CoBoostDistiller(DenseDistiller):
 class CoBoostClient(OneShotClient):
     "DENSE's client: trains once, uploads its model and label counts (Co-Boost changes nothing on the clients)."
 
-class CoBoostServer(OneShotServer):
+class CoBoostServer(DataFreeServer):
     "DENSE's server with Co-Boost's distiller."
     distiller = CoBoostDistiller
 

@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .generator import ExtraLoss, LabelConditionalGenerator, fit_generator, ensemble_logits, sample_labels, sample_noise, teacher_weights
-from ..federation import Client, FedConfig, Message, Server, flat_state, load_flat_state
+from .oneshot import OneShotConfig, OneShotServer
+from ..federation import Message, flat_state, load_flat_state
 from ..fl.config import setting
 from ..graph_preprocessing import knn_graph
 
 # %% auto #0
 __all__ = ['LABEL_SAMPLINGS', 'ADVERSARIAL_MASKS', 'OUTPUTS', 'DenseConfig', 'BoundedGenerator', 'synthetic_graph',
            'SyntheticGraph', 'kl_rows', 'distillation_loss', 'adversarial_loss', 'BatchNormStatistics',
-           'DenseDistiller', 'OneShotClient', 'OneShotServer']
+           'DenseDistiller', 'DataFreeServer']
 
 # %% ../../nbs/11g0_datafree.ipynb #77c4141c
 LABEL_SAMPLINGS = ("uniform", "counts")
@@ -29,12 +30,11 @@ ADVERSARIAL_MASKS = ("agree", "all")
 OUTPUTS = ("tanh", "sigmoid", "linear")
 
 @dataclass
-class DenseConfig(FedConfig):
+class DenseConfig(OneShotConfig):
     "DENSE (Zhang et al., NeurIPS 2022): one upload of trained local models, then data-free distillation on the server."
     node_task_only = "DENSE here generates node features for node classifiers (no graph-level generator)"
     one_model_only = "DENSE's student is scored on every client with the run's one architecture"
     logits_only = True   # teachers and student are used only through their logits
-    rounds: int = setting(1, ge=1)   # one communication round; later rounds send nothing and change nothing
     local_epochs: int = setting(100, ge=0)   # local training before the one upload (paper: 200)
     distill_epochs: int = setting(40, ge=0)   # server epochs of generation then distillation (paper: 200)
     generator_steps: int = setting(10, ge=0)   # generator updates per epoch
@@ -202,22 +202,13 @@ class DenseDistiller:
         return out
 
 # %% ../../nbs/11g0_datafree.ipynb #278012b2
-class OneShotClient(Client):
-    "Trains its model once, uploads its weights and training label counts (round 1 only)."
-    def local_step(self, message: Message, rnd: int) -> Message:
-        if rnd > 1: return {}
-        self.fit(self.config.local_epochs)
-        y = self.data.graph.y[self.data.masks["train"]]
-        return {"params": flat_state(self.model), "label_counts": torch.bincount(y, minlength=self.spec.num_classes).float()}
-
-class OneShotServer(Server):
+class DataFreeServer(OneShotServer):
     "Distils the ensemble of the uploaded models into a global student on generated synthetic nodes, once (`distiller` says how)."
     distiller = DenseDistiller
 
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        self.student = spec.build()
-        self.params = flat_state(self.student)
+        self.student = self.model
         self.history: list[dict] = []
 
     def teachers(self, states: list[Tensor]) -> list[nn.Module]:
@@ -226,19 +217,12 @@ class OneShotServer(Server):
         for m, s in zip(models, states): load_flat_state(m, s)
         return models
 
-    def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
-        ids = sorted(i for i, r in replies.items() if "params" in r)
-        if not ids: return
+    def build(self, replies: dict[int, Message]) -> Tensor:
+        ids = sorted(replies)
         start = time.perf_counter()
         device = self.params.device
         counts = torch.stack([replies[i]["label_counts"].to(device) for i in ids]).sum(0)
         distiller = self.distiller(self.config, self.spec.in_dim, self.spec.num_classes, self.student)
         stats = distiller.distill(self.teachers([replies[i]["params"].to(device) for i in ids]), counts)
-        self.params = flat_state(self.student)
-        self.history.append(dict(round=rnd, clients=ids, distill_s=time.perf_counter() - start, **stats))
-
-    def evaluation_message(self, cid: int) -> Message:
-        return {"params": self.params}
-
-    def shared_evaluation_message(self) -> Message | None:
-        return {"params": self.params}
+        self.history.append(dict(round=1, clients=ids, distill_s=time.perf_counter() - start, **stats))
+        return flat_state(self.student)

@@ -5,7 +5,8 @@
 # %% ../../nbs/11g_dense.ipynb #f7324f66
 from __future__ import annotations
 
-from .datafree import DenseConfig, DenseDistiller, OneShotClient, OneShotServer
+from .datafree import DataFreeServer, DenseConfig, DenseDistiller
+from .oneshot import OneShotClient
 from ..federation import register_algorithm
 
 # %% auto #0
@@ -15,7 +16,7 @@ __all__ = ['DENSE', 'DenseClient', 'DenseServer']
 class DenseClient(OneShotClient):
     "DENSE's client: trains once, uploads its model and label counts."
 
-class DenseServer(OneShotServer):
+class DenseServer(DataFreeServer):
     "DENSE's server: the plain (uniform) ensemble distilled on generated synthetic nodes."
     distiller = DenseDistiller
 
