@@ -15,8 +15,8 @@ __all__ = ['CATALOGUE', 'known_algorithms', 'known_models', 'partition_help', 'r
 CATALOGUE = {
     'algorithms': ['adafgl', 'coboost', 'dense', 'fedamp', 'fedavg', 'fedavg_ft', 'feddc', 'feddistill', 'fedgen',
                    'fedgls', 'fedgta', 'fedkd', 'fednh', 'fedpg', 'fedproto', 'fedprox', 'fedpub', 'fedsage',
-                   'fedselect', 'fedstar', 'fedtad', 'fedtgp', 'fgssl', 'fpl', 'gcfl', 'gcfl+', 'gpfl', 'moon',
-                   'opfgl', 'pfedgraph', 'scaffold', 'standalone'],
+                   'fedselect', 'fedstar', 'fedtad', 'fedtgp', 'fggp', 'fgssl', 'fpl', 'gcfl', 'gcfl+', 'gpfl',
+                   'moon', 'opfgl', 'pfedgraph', 'renode', 'scaffold', 'standalone'],
     'models': ['GCN', 'KipfGCN', 'GraphSAGE', 'GAT', 'GIN', 'SGC', 'SSGC', 'APPNP', 'GCNII', 'GAMLP', 'SIGN', 'MLP',
                'GINGPFL'],
     'partitioners': ['louvain', 'louvain+', 'metis', 'metis+', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid'],

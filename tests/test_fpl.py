@@ -12,8 +12,8 @@ from scipy.sparse.csgraph import connected_components
 
 from _device import DEV, same_run
 
-from fglit.algorithms.fpl import (FPLClient, FPLConfig, FPLServer, cluster_contrastive_loss, finch, first_neighbours,
-                                  fpl_prototypes)
+from fglit.algorithms.fpl import FPLClient, FPLConfig, FPLServer, fpl_prototypes
+from fglit.algorithms.prototype_clusters import cluster_contrastive_loss, finch, first_neighbours
 from fglit.federation import ClientInfo, LocalData, ModelSpec, make_config, run
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)

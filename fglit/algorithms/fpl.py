@@ -9,70 +9,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..federation import FedConfig, Message, class_sums, register_algorithm
 from ..fl.config import setting
 from .fedavg import FedAvgClient, FedAvgServer
 from .prototypes import FedProtoClient, prototypes_from_sums
+from .prototype_clusters import class_clusters, cluster_contrastive_loss
 
 # %% auto #0
-__all__ = ['FPL', 'first_neighbours', 'neighbour_components', 'finch', 'fpl_prototypes', 'cluster_contrastive_loss', 'FPLConfig',
-           'FPLClient', 'FPLServer']
-
-# %% ../../nbs/11b_fpl.ipynb #06cba406
-def first_neighbours(x: Tensor) -> Tensor:
-    "Each row's first neighbour: the other row of largest cosine similarity (ties: the smallest index)."
-    z = F.normalize(x.double(), dim=1)
-    return (z @ z.T).fill_diagonal_(float("-inf")).argmax(1)
-
-def neighbour_components(neighbour: Tensor) -> Tensor:
-    "Connected components of the undirected graph linking each i to `neighbour[i]`, as labels 0..k-1 numbered by smallest member."
-    label = torch.arange(len(neighbour), device=neighbour.device)
-    while True:
-        new = torch.minimum(label, label[neighbour]).scatter_reduce(0, neighbour, label, reduce="amin")
-        new = new[new]                                           # pointer jumping: the label of my label
-        if torch.equal(new, label): break
-        label = new
-    return torch.unique(label, return_inverse=True)[1]
-
-def finch(x: Tensor) -> list[Tensor]:
-    "FINCH's partitions of the rows of `x` (cosine first neighbours, then recursively on cluster means), finest first, as label tensors."
-    if len(x) < 2: return [torch.zeros(len(x), dtype=torch.long, device=x.device)]
-    x = x.double()
-    labels = neighbour_components(first_neighbours(x))
-    partitions = [labels]
-    while (k := int(labels.max()) + 1) > 1:
-        sums, counts = class_sums(x, labels, k)
-        merged = neighbour_components(first_neighbours(sums / counts.unsqueeze(1)))
-        if int(merged.max()) + 1 in (1, k): break               # one cluster left, or nothing merged: FINCH drops it and stops
-        labels = merged[labels]
-        partitions.append(labels)
-    return partitions
+__all__ = ['FPL', 'fpl_prototypes', 'FPLConfig', 'FPLClient', 'FPLServer']
 
 # %% ../../nbs/11b_fpl.ipynb #8cd36bdb
 def fpl_prototypes(protos: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     "From client prototypes `[K, C, d]` with mask `[K, C]`: cluster prototypes `[M, d]`, their classes `[M]`, unbiased prototypes `[C, d]` and their mask."
-    C, d = protos.shape[1:]
-    clusters, classes = [protos.new_zeros(0, d)], [torch.zeros(0, dtype=torch.long, device=protos.device)]
-    for c in range(C):
-        points = protos[mask[:, c], c]
-        if len(points) == 0: continue
-        labels = finch(points)[-1]                                         # FPL keeps FINCH's last partition
-        sums, counts = class_sums(points, labels, int(labels.max()) + 1)
-        clusters.append(sums / counts.unsqueeze(1))
-        classes.append(torch.full((len(counts),), c, dtype=torch.long, device=protos.device))
-    clusters, classes = torch.cat(clusters), torch.cat(classes)
-    unbiased, has = prototypes_from_sums(*class_sums(clusters, classes, C))    # mean of each class's cluster prototypes
+    clusters, classes = class_clusters(protos, mask)                        # FINCH's last partition per class, its means
+    unbiased, has = prototypes_from_sums(*class_sums(clusters, classes, protos.size(1)))    # mean of each class's cluster prototypes
     return clusters, classes, unbiased, has
-
-# %% ../../nbs/11b_fpl.ipynb #0bc5aeab
-def cluster_contrastive_loss(emb: Tensor, y: Tensor, clusters: Tensor, cluster_classes: Tensor, temperature: float) -> Tensor:
-    "FPL's CPCL per item: -log(sum over its class's clusters of e^{cos/tau} / sum over all clusters of e^{cos/tau}); every item's class needs a cluster."
-    sim = F.normalize(emb, dim=1) @ F.normalize(clusters, dim=1).T / temperature
-    positive = cluster_classes.unsqueeze(0) == y.unsqueeze(1)
-    return torch.logsumexp(sim, 1) - torch.logsumexp(sim.masked_fill(~positive, float("-inf")), 1)
 
 # %% ../../nbs/11b_fpl.ipynb #4f6d9d77
 @dataclass
