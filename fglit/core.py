@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch',
+__all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch', 'forked_seed',
            'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'optional_import', 'pyplot',
            'load_entry_points']
 
@@ -69,6 +69,14 @@ def reseed_torch(seed: int) -> None:
     torch.default_generator.manual_seed(int(seed))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.manual_seed(int(seed))
+
+@contextlib.contextmanager
+def forked_seed(*keys: int):
+    "Run the block on torch's random streams seeded from `keys` (the same keys, the same draws), restoring the streams afterwards."
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        reseed_torch(int(np.random.SeedSequence([int(k) % 2**63 for k in keys]).generate_state(1)[0]))
+        yield
 
 # %% ../nbs/00_core.ipynb #ac296e9f
 def _env_path(var: str) -> Path | None:
