@@ -14,9 +14,9 @@ __all__ = ['CATALOGUE', 'known_algorithms', 'known_models', 'partition_help', 'r
 # %% ../nbs/06a_catalogue.ipynb #a2908bc0
 CATALOGUE = {
     'algorithms': ['adafgl', 'coboost', 'dense', 'fedamp', 'fedavg', 'fedavg_ft', 'feddc', 'feddistill', 'fedgen',
-                   'fedgls', 'fedgta', 'fedkd', 'fedlog', 'fednh', 'fedpg', 'fedproto', 'fedprox', 'fedpub',
+                   'fedgls', 'fedgm', 'fedgta', 'fedkd', 'fedlog', 'fednh', 'fedpg', 'fedproto', 'fedprox', 'fedpub',
                    'fedsage', 'fedselect', 'fedspray', 'fedstar', 'fedtad', 'fedtgp', 'fggp', 'fgssl', 'fpl', 'gcfl',
-                   'gcfl+', 'gpfl', 'moon', 'opfgl', 'pfedgraph', 'renode', 'scaffold', 'standalone'],
+                   'gcfl+', 'ghost', 'gpfl', 'moon', 'opfgl', 'pfedgraph', 'renode', 'scaffold', 'standalone'],
     'models': ['GCN', 'KipfGCN', 'GraphSAGE', 'GAT', 'GIN', 'SGC', 'SSGC', 'APPNP', 'GCNII', 'GAMLP', 'SIGN', 'MLP',
                'GINGPFL'],
     'partitioners': ['louvain', 'louvain+', 'metis', 'metis+', 'dirichlet', 'soft_dirichlet', 'two_group', 'iid'],

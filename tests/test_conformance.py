@@ -17,7 +17,8 @@ NAMES = sorted(ALGORITHMS)
 # Settings that shorten an algorithm's own inner loops (not the protocol's rounds) so 2 rounds stay quick.
 QUICK = {"opfgl": dict(surrogate_iters=20, stage1_iters=20, finetune_iters=20), "adafgl": dict(personal_epochs=4),
          "dense": dict(distill_epochs=2), "coboost": dict(distill_epochs=2),
-         "fedlog": dict(pretrain_epochs=2, prompt_epochs=2, prompt_models=1, prompt_hidden=16, synthetic_per_class=5)}
+         "fedlog": dict(pretrain_epochs=2, prompt_epochs=2, prompt_models=1, prompt_hidden=16, synthetic_per_class=5),
+         "ghost": dict(proxy_epochs=3), "fedgm": dict(condense_steps=3, server_epochs=20)}
 SUMMARY_KEYS = {"algorithm", "dataset", "partition", "clients", "rounds", "seeds", "accuracy_mean", "accuracy_std",
                 "f1_macro_mean", "auc_mean", "selected_rounds", "bytes_up", "bytes_down", "floats_up", "floats_down",
                 "communication_rounds", "wall_time_s", "config", "commit", "per_client"}

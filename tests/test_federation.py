@@ -367,10 +367,11 @@ def test_every_algorithm_refuses_what_its_config_declares():
     from fglit.federation import ALGORITHMS, load_algorithms, make_config, resolve_run_config
     load_algorithms()
     declared = {kind: {n for n, a in ALGORITHMS.items() if getattr(a.config, kind)} for kind in ("node_task_only", "graph_task_only", "one_model_only")}
-    assert declared["node_task_only"] == {"adafgl", "coboost", "dense", "fedgls", "fedgta", "fedsage", "fedtad", "fgssl", "opfgl", "renode", "fedspray", "fedlog"}
+    assert declared["node_task_only"] == {"adafgl", "coboost", "dense", "fedgls", "fedgm", "fedgta", "fedlog", "fedsage", "fedspray", "fedtad",
+                                          "fgssl", "ghost", "opfgl", "renode"}
     assert declared["graph_task_only"] == {"fedstar", "gpfl"}
-    assert declared["one_model_only"] == {"coboost", "dense", "fedamp", "fedlog", "feddc", "fedgen", "fedgta", "fedkd", "fedpub", "fedselect", "fedstar", "fedtad", "gcfl",
-                                           "gcfl+", "gpfl", "pfedgraph", "scaffold"}
+    assert declared["one_model_only"] == {"coboost", "dense", "fedamp", "feddc", "fedgen", "fedgm", "fedgta", "fedkd", "fedlog", "fedpub", "fedselect",
+                                          "fedstar", "fedtad", "gcfl", "gcfl+", "ghost", "gpfl", "pfedgraph", "scaffold"}
     for name, algo in ALGORITHMS.items():
         for task, other, dataset, partition in (("node", "graph", "Cora", "louvain"), ("graph", "node", "PROTEINS", "dirichlet")):
             reason = getattr(algo.config, f"{other}_task_only")
