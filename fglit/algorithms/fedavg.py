@@ -20,8 +20,8 @@ from ..fl.stacked import StackedClients
 
 # %% auto #0
 __all__ = ['StandaloneConfig', 'StandaloneClient', 'FedAvgConfig', 'FedAvgClient', 'FedAvgServer', 'FedAvgFinetuneConfig',
-           'FedProxConfig', 'FedProxClient', 'ScaffoldConfig', 'ScaffoldClient', 'ScaffoldServer', 'MoonConfig',
-           'MoonClient', 'StackedFedAvg', 'StackedFedProx', 'StackedScaffold', 'StackedMoon']
+           'FedProxConfig', 'FedProxClient', 'ScaffoldConfig', 'param_vector', 'ScaffoldClient', 'ScaffoldServer',
+           'MoonConfig', 'MoonClient', 'StackedFedAvg', 'StackedFedProx', 'StackedScaffold', 'StackedMoon']
 
 # %% ../../nbs/10_fedavg.ipynb #5671e143
 @dataclass
@@ -142,18 +142,19 @@ class ScaffoldConfig(FedConfig):
     control_update: Literal["gradient", "difference"] = "gradient"   # option I; "difference" is option II (plain SGD)
 
 
-def _param_vector(model) -> Tensor:
+def param_vector(model) -> Tensor:
+    "The model's parameters as one detached vector (`parameters()` order; buffers left out)."
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 class ScaffoldClient(FedAvgClient):
     "FedAvg client with control-variate gradient correction."
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.control = torch.zeros_like(_param_vector(self.model))
+        self.control = torch.zeros_like(param_vector(self.model))
 
     def receive(self, message: Message) -> None:
         super().receive(message)
-        self.start_state, self.start_params = message["params"], _param_vector(self.model)
+        self.start_state, self.start_params = message["params"], param_vector(self.model)
         correction = message["control"] - self.control
         sizes = [p.numel() for p in self.model.parameters()]
         self.corrections = [c.view_as(p) for c, p in zip(torch.split(correction, sizes), self.model.parameters())]
@@ -182,7 +183,7 @@ class ScaffoldClient(FedAvgClient):
             self.fit(self.config.local_epochs)
         else:
             steps = self.fit(self.config.local_epochs)
-            new_control = self.control - message["control"] + (self.start_params - _param_vector(self.model)) / (max(steps, 1) * self.config.lr)
+            new_control = self.control - message["control"] + (self.start_params - param_vector(self.model)) / (max(steps, 1) * self.config.lr)
         delta_control, self.control = new_control - self.control, new_control
         return {"delta_params": flat_state(self.model) - self.start_state, "delta_control": delta_control,
                 "weight": float(self.data.num_train)}
@@ -191,7 +192,7 @@ class ScaffoldServer(FedAvgServer):
     "Global weights and the server control variate."
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
-        self.control = torch.zeros_like(_param_vector(spec.build()))
+        self.control = torch.zeros_like(param_vector(spec.build()))
 
     def broadcast(self, rnd: int, cids: list[int]) -> dict[int, Message]:
         return {cid: {"params": self.params, "control": self.control} for cid in cids}

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .fedavg import ScaffoldClient, ScaffoldServer, _param_vector
+from .fedavg import ScaffoldClient, ScaffoldServer, param_vector
 from ..federation import FedConfig, Message, flat_state, register_algorithm, weighted_mean
 from ..fl.config import setting
 from ..fl.messages import SumSpec
@@ -62,7 +62,7 @@ class FedDCClient(ScaffoldClient):
 
     def local_step(self, message: Message, rnd: int) -> Message:
         scaffold = super().local_step(message, rnd)          # receive, train with the correction, refresh c_k
-        self.drift += _param_vector(self.model) - self.start_params
+        self.drift += param_vector(self.model) - self.start_params
         upload = flat_state(self.model)
         upload[self.slots] += self.drift
         return {"params": upload, "delta_control": scaffold["delta_control"], "weight": scaffold["weight"]}

@@ -59,6 +59,7 @@ METHODS = {   # paper name -> (fglit algorithm, settings beyond the table's comm
     "FedDistill": ("feddistill", {}),
     "FedGen": ("fedgen", {}),
     "FedKD": ("fedkd", {}),
+    "FGGP": ("fggp", {}),
     "FedPG": ("fedpg", {}),
     "FedPG+noise10": ("fedpg", {"dp_fraction": 0.1, "dp_noise": 0.001, "dp_clip": 100.0, "dp_seeded_noise": True}),
     "w/o-RF-context": ("fedpg", {"hops": 0}),
@@ -81,10 +82,10 @@ MISSING_METHODS = tuple(m for m in PAPER_BASELINES if m not in METHODS)         
 PAPER_NAME = {"SCAFFOLD": "Scaffold"}       # Table VII prints Scaffold
 
 TABLE5_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedTAD",
-                  "FPL", "FedNH", "FGSSL", "FedPG", "FedPG+noise10")
-TABLE6_METHODS = ("FedProto", "FedTGP", "FedDistill", "FedGen", "FedKD", "FedPG")
-TABLE7_METHODS = ("SCAFFOLD", "FedDC", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FedPG")
-TABLE89_METHODS = ("FedAvg", "FedDC", "FedProto", "FedTGP", "GCFL+", "FedStar", "FedPG")
+                  "FPL", "FedNH", "FGSSL", "FGGP", "FedPG", "FedPG+noise10")
+TABLE6_METHODS = ("FedProto", "FedTGP", "FedDistill", "FedGen", "FedKD", "FGGP", "FedPG")
+TABLE7_METHODS = ("SCAFFOLD", "FedDC", "FedTGP", "FedSage+", "Fed-PUB", "FedGTA", "AdaFGL", "FGGP", "FedPG")
+TABLE89_METHODS = ("FedAvg", "FedDC", "FedProto", "FedTGP", "GCFL+", "FedStar", "FGGP", "FedPG")
 # Table V's methods that average weights or train local models, re-run with Adam's (coupled) weight decay switched off
 WEIGHT_DECAY_METHODS = ("FedAvg", "FedProx", "MOON", "FedProto", "FedTGP", "FedPG")
 TABLE10_METHODS = ("w/o-RF-context", "w/o-adaptive-margin", "w/o-personalisation", "FedPG")
