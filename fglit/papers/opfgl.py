@@ -22,11 +22,12 @@ from ..reproduction import register_reproduction
 
 
 # %% auto #0
-__all__ = ['PAPER_GCN', 'METHODS', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE', 'ABLATIONS', 'HRE_VARIANTS', 'QUICK',
-           'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_SETTINGS', 'CODE_COMMON', 'CODE_NOTE', 'CODE_BEHAVIOUR',
-           'CODE_BEHAVIOUR_NOTE', 'PAPER_METRIC', 'OPFGL', 'reproduce', 'OPFGL_AUTHORS', 'AUTHORS_CODE',
-           'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments', 'run_opfgl_experiment', 'authors_experiments',
-           'side_by_side', 'write_authors_code', 'per_class_scores', 'per_class_analysis']
+__all__ = ['PAPER_GCN', 'ONE_SHOT_FINETUNE', 'METHODS', 'PAPER_CELLS_ELSEWHERE', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE',
+           'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_SETTINGS',
+           'CODE_COMMON', 'CODE_NOTE', 'CODE_BEHAVIOUR', 'CODE_BEHAVIOUR_NOTE', 'PAPER_METRIC', 'OPFGL', 'reproduce',
+           'OPFGL_AUTHORS', 'AUTHORS_CODE', 'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments',
+           'run_opfgl_experiment', 'authors_experiments', 'side_by_side', 'write_authors_code', 'per_class_scores',
+           'per_class_analysis']
 
 # %% ../../nbs/papers/21_opfgl_results.ipynb #491310d7
 def paper_numbers() -> pd.DataFrame:
@@ -35,6 +36,10 @@ def paper_numbers() -> pd.DataFrame:
 
 # %% ../../nbs/papers/21_opfgl_results.ipynb #d94a1541
 PAPER_GCN = {"model": "kipfgcn"}   # the paper's 2-layer GCN, hidden 64, for every method (see 20_opfgl, "Settings")
+# One upload, then the downloaded model fine-tuned locally for 3 epochs in each of rounds 2..100, scored on each client as
+# FedAvg's one round + fine-tuning is (the paper's Appendix I: "additional fine-tuning" for FedAvg, FedTAD, FedGM, GHOST,
+# DENSE and Co-Boost); local training before the upload is each method's own default.
+ONE_SHOT_FINETUNE = {**PAPER_GCN, "finetune_epochs": 3, "evaluation": "local"}
 METHODS = {   # name in our tables -> (algorithm, rounds, local_epochs, settings, paper table override, paper method, paper note)
     "O-pFGL": ("opfgl", None, None, {}, None, "O-pFGL", ""),
     "Standalone": ("standalone", 100, 3, PAPER_GCN, None, "Standalone", ""),
@@ -42,8 +47,19 @@ METHODS = {   # name in our tables -> (algorithm, rounds, local_epochs, settings
     "FedAvg (100 rounds)": ("fedavg", 100, 3, PAPER_GCN, "100", "FedAvg", "100 rounds"),
     "FedProto (100 rounds)": ("fedproto", 100, 3, PAPER_GCN, None, "", ""),
     "FedTGP (100 rounds)": ("fedtgp", 100, 3, PAPER_GCN, None, "", ""),
-    "DENSE": ("dense", None, None, PAPER_GCN, None, "DENSE", ""),          # one-shot data-free (11g_dense): its own defaults
-    "Co-Boost": ("coboost", None, None, PAPER_GCN, None, "Co-Boost", ""),
+    "DENSE": ("dense", 100, None, ONE_SHOT_FINETUNE, None, "DENSE", ""),   # one-shot data-free (11g_dense), then fine-tuned
+    "Co-Boost": ("coboost", 100, None, ONE_SHOT_FINETUNE, None, "Co-Boost", ""),
+    "ReNode": ("renode", 100, 3, PAPER_GCN, None, "ReNode", ""),     # 11l_renode: FedAvg's one round + fine-tuning, ReNode's loss
+    "GHOST": ("ghost", 100, None, ONE_SHOT_FINETUNE, None, "GHOST", ""),   # 11i_ghost: proxies uploaded once, then fine-tuned
+    "FedGM": ("fedgm", 100, None, ONE_SHOT_FINETUNE, None, "FedGM", ""),   # 11n_fedgm: condensed graphs uploaded once, then fine-tuned
+    # Multi-round methods limited to one round (the paper's Appendix I): each client is scored after the one download
+    # (11j/11k: a copy trained once more on the server's state); FedSpray's 150 epochs before and after it are the
+    # 300 local epochs the other rows get; FedLoG keeps its own pretraining (100 epochs) and schedule.
+    "FedSpray": ("fedspray", 1, 150, PAPER_GCN, None, "FedSpray", ""),
+    "FedLoG": ("fedlog", 1, None, PAPER_GCN, None, "FedLoG", ""),
+}
+PAPER_CELLS_ELSEWHERE = {   # methods the paper prints in another table: our table -> (paper table, paper note)
+    "ReNode": {"1": ("6", "Louvain"), "5": ("6", "Metis")},
 }
 ONE_SHOT_TABLES = {"1": ("louvain+", 10), "5": ("metis+", 10), "4": ("louvain+", 20), "7": ("metis+", 20)}
 HUNDRED_ROUND_TABLE = {"1": "8", "5": "9"}          # where the paper prints baselines given 100 rounds
@@ -62,6 +78,8 @@ HRE_VARIANTS = {   # Table 25 notes -> criteria
 def _exp(table, dataset, partition, clients, method, settings=None, note="", paper_table=None, paper_method=None,
          paper_note=None) -> Experiment:
     algo, rounds, epochs, base, override, pmethod, pnote = METHODS[method] if method in METHODS else METHODS["O-pFGL"]
+    if method in PAPER_CELLS_ELSEWHERE and paper_table is None:
+        paper_table, paper_note = PAPER_CELLS_ELSEWHERE[method].get(table, ("", ""))
     return Experiment(table, dataset, partition, clients, method, algo, json.dumps({**base, **(settings or {})}, sort_keys=True),
                       rounds, epochs, note, paper_table if paper_table is not None else (HUNDRED_ROUND_TABLE.get(table, "") if override else table),
                       pmethod if paper_method is None else paper_method, pnote if paper_note is None else paper_note)
