@@ -160,6 +160,7 @@ def test_deployment_on_loopback_matches_in_process(algorithm, settings_, tol, sh
 
 
 @pytest.mark.slow
+@pytest.mark.long     # minutes of SuperNode processes on loopback: `make test-long` (make test keeps the FedAvg deployment above)
 def test_deployment_faults_on_loopback(shared_root, tmp_path):
     """A SuperNode lost mid-run, over real processes. (a) FedAvg, node 3 SIGKILLed (a crash) once round 1 is aggregated,
     min_clients=3: the run completes with clients 0..2 and lists the drop; the SuperLink reports the dead node once it has

@@ -139,7 +139,7 @@ def test_opfgl_missing_client_is_reported_or_left_out(shared_root):
     ("fedavg", {"rounds": 2, "secure_aggregation": True}),
     ("fedprox", {"rounds": 2, "secure_aggregation": True}),
     ("scaffold", {"rounds": 2, "secure_aggregation": True}),
-    ("opfgl", {"secure_aggregation": True}),
+    pytest.param("opfgl", {"secure_aggregation": True}, marks=pytest.mark.long),   # minutes: `make test-long` (test_secagg checks O-pFGL's secure sums in process)
     ("fedavg", {"rounds": 2, "secure_aggregation": True, "dp_noise": 0.5, "secagg_dropout": 0.25, "dp_seeded_noise": True}),
     ("fedpg", {"rounds": 2, "upload": "class_sums", "secure_aggregation": True}),   # FedPG's summable form (50_fedpg)
     ("fedpg", {"rounds": 2, "dp_noise": 0.2, "dp_clip": 5.0, "dp_seeded_noise": True}),      # the paper's form needs each upload: local DP
