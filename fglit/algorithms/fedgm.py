@@ -120,6 +120,7 @@ class FedGMClient(OneShotClient):
 # %% ../../nbs/11n_fedgm.ipynb #1913437c
 class FedGMServer(OneShotServer):
     "FedGM's server: trains the global model on the union of the uploaded condensed graphs."
+    upload_key = "x"
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.seed = int(torch.randint(0, 2**31 - 1, (1,)))     # the server's own stream (see above)
@@ -154,9 +155,6 @@ class FedGMServer(OneShotServer):
                                  seconds=time.perf_counter() - start))
         return flat_state(model)
 
-    def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
-        uploads = {i: r for i, r in replies.items() if "x" in r}
-        if rnd == 1 and uploads: self.params = self.build(uploads)
 
 FEDGM = register_algorithm("fedgm", FedGMClient, FedGMServer, FedGMConfig, sums_only=False,
                            paper="Zhang, Li, Zhu & Hu, Rethinking Federated Graph Learning: A Data Condensation Perspective (FedGM), IJCAI 2025")

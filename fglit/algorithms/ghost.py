@@ -204,6 +204,7 @@ class RetentionPenalty:
 # %% ../../nbs/11i_ghost.ipynb #a3335c68
 class GhostServer(OneShotServer):
     "GHOST's server: trains the global model on pseudo graphs from each uploaded proxy in turn, with the topology-consistency retention penalty."
+    upload_key = "generator"
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.seed = int(torch.randint(0, 2**31 - 1, (1,)))     # the server's own stream (see above)
@@ -253,9 +254,6 @@ class GhostServer(OneShotServer):
                                              penalty=penalty.item(), importance=importance.mean().item(), seconds=time.perf_counter() - start))
         return flat_state(model)
 
-    def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
-        uploads = {i: r for i, r in replies.items() if "generator" in r}
-        if rnd == 1 and uploads: self.params = self.build(uploads)
 
 GHOST = register_algorithm("ghost", GhostClient, GhostServer, GhostConfig, sums_only=False,
                            paper="Qian, Wan, Huang, Zhang, Wu, Du & Ye, GHOST: Generalizable One-Shot Federated Graph Learning with Proxy-Based Topology Knowledge Retention, ICML 2025")

@@ -55,6 +55,8 @@ class OneShotClient(Client):
 
 class OneShotServer(Server):
     "Builds the global weights from the round-1 uploads (`build`), sends them once in round 2."
+    upload_key = "params"     # the key every round-1 upload carries (a subclass whose clients upload something else names it)
+
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.model = spec.build()        # the global model, for servers that train it
@@ -70,7 +72,7 @@ class OneShotServer(Server):
         return {cid: {"params": self.params} if rnd == 2 else {} for cid in cids}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> None:
-        uploads = {i: r for i, r in replies.items() if "params" in r}
+        uploads = {i: r for i, r in replies.items() if self.upload_key in r}
         if rnd == 1 and uploads: self.params = self.build(uploads)
 
     def evaluation_message(self, cid: int) -> Message:
