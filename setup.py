@@ -41,7 +41,7 @@ setuptools.setup(
     install_requires=cfg["requirements"].split(),
     extras_require={"flower": cfg["flower_requirements"].split(), "simulation": cfg["simulation_requirements"].split(),
                     "plots": cfg["plots_requirements"].split(), "tensorboard": cfg["tensorboard_requirements"].split(),
-                    "igraph": cfg["igraph_requirements"].split(),
+                    "igraph": cfg["igraph_requirements"].split(), "sknetwork": cfg["sknetwork_requirements"].split(),
                     "dev": cfg["dev_requirements"].split() + cfg["simulation_requirements"].split() + cfg["plots_requirements"].split()},
     entry_points={
         "console_scripts": cfg["console_scripts"].split(),

@@ -1,7 +1,7 @@
 """Louvain community detection at scale: networkx against C/C++ implementations, on fglit.synthetic graphs.
 
     .venv/bin/python benchmarks/louvain_backends.py [--sizes 100000:2500000 1000000:25000000 2449029:61859140]
-        [--backends networkx igraph networkit] [--timeout 900] [--no-other-seed] [--graph-cache DIR]
+        [--backends networkx igraph sknetwork networkit] [--timeout 900] [--no-other-seed] [--graph-cache DIR]
         [--out results/bench/louvain_backends.csv]
 
 The graphs are `synthetic_graph(nodes, edges, 47 classes, 4 features, homophily 0.8, feature_signal 0.5, seed 0)`:
@@ -12,7 +12,7 @@ each (size, backend) then runs in a fresh process, so its peak resident memory (
 included) is its own. A run: the Louvain step of the partitioner (`louvain_labels`: simple undirected edges,
 the backend's graph, Louvain at resolution 1 with seed 0, canonical labels) timed once, then again with seed 0 (same
 communities?) and once with seed 1 (differing communities are allowed; --no-other-seed leaves it out). `networkit` (PLM, one thread, refine=False,
-seeded with networkit.engineering.setSeed) is measured here only; fglit has the networkx and igraph backends.
+seeded with networkit.engineering.setSeed) is measured here only; fglit has the networkx, igraph and sknetwork backends.
 Modularity is computed the same way for every backend (numpy, resolution 1). A run past --timeout seconds or
 out of memory (--max-rss-gb, an address-space limit) is recorded with its error.
 """
@@ -103,10 +103,13 @@ FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edge
           "rss_after_first_mb", "peak_rss_mb", "error"]
 
 
+DISTRIBUTION = {"sknetwork": "scikit-network"}     # a backend's package on PyPI, where its name differs
+
+
 def version(backend: str) -> str:
     from importlib.metadata import PackageNotFoundError, version as v
     try:
-        return v(backend)
+        return v(DISTRIBUTION.get(backend, backend))
     except PackageNotFoundError:
         return ""
 
@@ -114,7 +117,7 @@ def version(backend: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["100000:2500000", "1000000:25000000", "2449029:61859140"], metavar="NODES:EDGES")
-    ap.add_argument("--backends", nargs="+", default=["networkx", "igraph", "networkit"])
+    ap.add_argument("--backends", nargs="+", default=["networkx", "igraph", "sknetwork", "networkit"])
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--max-rss-gb", type=float, default=16.0, help="address-space limit of each run (0: none)")
     ap.add_argument("--other-seed", action=argparse.BooleanOptionalAction, default=True, help="also run seed 1")

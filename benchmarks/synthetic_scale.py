@@ -3,15 +3,16 @@ wall time and peak memory of each stage: generating the graph (fglit.synthetic),
 and a short FedAvg run on the partition.
 
     .venv/bin/python benchmarks/synthetic_scale.py [--sizes 100000:2500000 2449029:61859140] [--clients 10 100]
-        [--partitions metis louvain louvain:igraph] [--rounds 1] [--stages generate partition fedavg]
+        [--partitions metis louvain louvain:igraph louvain:sknetwork] [--rounds 1] [--stages generate partition fedavg]
         [--graph-cache DIR] [--out results/bench/synthetic_scale.csv]
 
 Each (size, stage) runs in its own process, so its peak resident memory (ru_maxrss) is its own; a stage that runs past
 --timeout seconds is recorded as such. One torch thread (OMP_NUM_THREADS=1), as every fglit timing. Rows are appended
 with the machine, the load and the commit; `--sizes 2000:10000 --clients 2` is the tiny check CI can afford.
 
-A partition `louvain:igraph` (or `louvain+:igraph`) is that partitioner with `louvain_backend='igraph'` (the `igraph`
-extra); plain `louvain` is networkx's. With --graph-cache DIR the partition and fedavg stages generate each graph once,
+A partition `louvain:igraph` (or `louvain+:igraph`, `louvain:sknetwork`) is that partitioner with
+`louvain_backend='igraph'` (the `igraph` extra; `sknetwork` the `sknetwork` extra); plain `louvain` is networkx's.
+With --graph-cache DIR the partition and fedavg stages generate each graph once,
 keep it in DIR (torch.save of x, edge_index, y; not committed) and load it (memory-mapped) in later stages: their rows
 then have `graph=cache` and the load time in `load_s` instead of `generate_s` (peak memory still counts the graph);
 a graph not in DIR yet is generated first by a generate stage of its own (its row is recorded).

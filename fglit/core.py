@@ -108,7 +108,8 @@ def is_writable(path: str | os.PathLike) -> bool:
     return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(p, os.W_OK)
 
 # %% ../nbs/00_core.ipynb #b8ea3f0a
-EXTRAS = {"matplotlib": "plots", "seaborn": "plots", "flwr": "flower", "ray": "simulation", "tensorboard": "tensorboard", "igraph": "igraph"}   # module -> extra
+EXTRAS = {"matplotlib": "plots", "seaborn": "plots", "flwr": "flower", "ray": "simulation", "tensorboard": "tensorboard", "igraph": "igraph",
+          "sknetwork": "sknetwork"}   # module -> extra
 
 def optional_import(module: str):
     "Import `module` (e.g. `matplotlib.pyplot`); if it is missing, a `ModuleNotFoundError` that names the extra to install."

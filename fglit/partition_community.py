@@ -51,12 +51,12 @@ def _canonical(labels: np.ndarray) -> np.ndarray:
     rank[order] = np.arange(len(order))
     return rank[inv].astype(np.int64)
 
-LOUVAIN_BACKENDS = ("networkx", "igraph")
+LOUVAIN_BACKENDS = ("networkx", "igraph", "sknetwork")
 
 def _check_backend(backend) -> str:
     if not isinstance(backend, str) or backend not in LOUVAIN_BACKENDS:
-        raise ValueError(f"louvain_backend must be one of {list(LOUVAIN_BACKENDS)} ('igraph' needs the igraph extra: "
-                         f"pip install 'fglit[igraph]'), got {backend!r}")
+        raise ValueError(f"louvain_backend must be one of {list(LOUVAIN_BACKENDS)} ('igraph' and 'sknetwork' need their "
+                         f"extras: pip install 'fglit[igraph]' or 'fglit[sknetwork]'), got {backend!r}")
     return backend
 
 def _louvain_networkx(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, resolution: float) -> np.ndarray:
@@ -81,10 +81,19 @@ def _louvain_igraph(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, res
     finally:
         ig.set_random_number_generator(random)                   # igraph's default: Python's global `random`
 
+def _louvain_sknetwork(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, resolution: float) -> np.ndarray:
+    clustering = optional_import("sknetwork.clustering")
+    from scipy import sparse
+    rows, cols = np.concatenate([u, v]), np.concatenate([v, u])
+    adjacency = sparse.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(num_nodes, num_nodes))
+    del rows, cols
+    louvain = clustering.Louvain(resolution=resolution, shuffle_nodes=True, random_state=int(seed))
+    return np.asarray(louvain.fit_predict(adjacency), dtype=np.int64)
+
 def louvain_labels(edge_index, num_nodes: int, seed: int = 0, resolution: float = 1.0,
                    backend: str = "networkx") -> np.ndarray:
-    "Louvain community of every node (seeded; `backend` 'networkx' or 'igraph'), canonically labelled: 0 is the largest community."
-    detect = {"networkx": _louvain_networkx, "igraph": _louvain_igraph}[_check_backend(backend)]
+    "Louvain community of every node (seeded; `backend` one of `LOUVAIN_BACKENDS`), canonically labelled: 0 is the largest community."
+    detect = {"networkx": _louvain_networkx, "igraph": _louvain_igraph, "sknetwork": _louvain_sknetwork}[_check_backend(backend)]
     u, v = _simple_edges(edge_index, num_nodes)
     return _canonical(detect(u, v, num_nodes, seed, resolution))
 

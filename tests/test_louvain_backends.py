@@ -1,5 +1,6 @@
-"""Louvain backends (`louvain_backend`): networkx (the default) and igraph's C implementation (the `igraph` extra):
-seeded, validated, a valid partition, and both recover planted blocks."""
+"""Louvain backends (`louvain_backend`): networkx (the default), igraph's C implementation (the `igraph` extra) and
+scikit-network's Cython one (the `sknetwork` extra): seeded, validated, a valid partition, and each recovers planted
+blocks."""
 import numpy as np
 import pytest
 import torch
@@ -13,10 +14,10 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FGLIT_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.fixture(params=["networkx", "igraph"])
+@pytest.fixture(params=["networkx", "igraph", "sknetwork"])
 def backend(request):
-    if request.param == "igraph":
-        pytest.importorskip("igraph", reason="the igraph extra: pip install 'fglit[igraph]'")
+    if request.param != "networkx":           # the extras: their module has the backend's name
+        pytest.importorskip(request.param, reason=f"the {request.param} extra: pip install 'fglit[{request.param}]'")
     return request.param
 
 
@@ -34,7 +35,7 @@ def blocks(num_blocks=4, size=30, p_in=0.5, p_out=0.005, seed=0) -> tuple[Data, 
 
 
 def test_backends_are_named():
-    assert LOUVAIN_BACKENDS == ("networkx", "igraph")
+    assert LOUVAIN_BACKENDS == ("networkx", "igraph", "sknetwork")
 
 
 def test_unknown_backend_is_refused_with_the_choices():
@@ -43,7 +44,7 @@ def test_unknown_backend_is_refused_with_the_choices():
                  lambda: louvain(g, 3, louvain_backend="leiden"),
                  lambda: louvain_plus(g, 2, num_parts=6, louvain_backend="Igraph"),
                  lambda: partition(g, "louvain", 3, louvain_backend=None)):
-        with pytest.raises(ValueError, match=r"louvain_backend must be one of \['networkx', 'igraph'\]"):
+        with pytest.raises(ValueError, match=r"louvain_backend must be one of \['networkx', 'igraph', 'sknetwork'\]"):
             call()
 
 
@@ -89,12 +90,15 @@ def test_the_default_keeps_its_cache_key_and_params(backend):
     if backend == "networkx":
         assert "louvain_backend" not in p.params
     else:
-        assert p.params["louvain_backend"] == "igraph" and partition_path(g, "louvain", 3, louvain_backend="igraph") != default
+        assert p.params["louvain_backend"] == backend and partition_path(g, "louvain", 3, louvain_backend=backend) != default
 
 
-def test_missing_igraph_names_the_extra(monkeypatch):
+@pytest.mark.parametrize("name", ["igraph", "sknetwork"])
+def test_a_missing_backend_names_its_extra(monkeypatch, name):
     import sys
-    monkeypatch.setitem(sys.modules, "igraph", None)          # as if not installed: importing it fails
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, name, None)          # as if not installed: importing it fails
     g, _ = blocks()
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fglit\[igraph\]'"):
-        louvain_labels(g.edge_index, g.num_nodes, backend="igraph")
+    with pytest.raises(ModuleNotFoundError, match=rf"pip install 'fglit\[{name}\]'"):
+        louvain_labels(g.edge_index, g.num_nodes, backend=name)
