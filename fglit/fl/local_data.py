@@ -18,7 +18,7 @@ from .config import ConfigError
 
 
 # %% auto #0
-__all__ = ['SPLITS', 'Batch', 'PackedGraphs', 'LocalData']
+__all__ = ['SPLITS', 'Batch', 'PackedGraphs', 'LocalData', 'clients_data']
 
 # %% ../../nbs/fl/02_local_data.ipynb #5c47bfef
 SPLITS = ("train", "val", "test")
@@ -118,3 +118,27 @@ class LocalData:
             self._eval_cache[split] = [self._collate([graphs[i] for i in range(s, min(s + 256, len(graphs)))])
                                        for s in range(0, len(graphs), 256)]
         return self._eval_cache[split]
+
+# %% ../../nbs/fl/02_local_data.ipynb #dcb266c8
+def _move_together(datas: list[LocalData], device: torch.device) -> None:
+    "Put node clients' host-built graphs and masks on `device` with one copy per field (per-client views of it)."
+    nodes = [d.graph.num_nodes for d in datas]
+    edges = [d.graph.edge_index.size(1) for d in datas]
+    x = torch.cat([d.graph.x for d in datas]).to(device).split(nodes)
+    edge_index = torch.cat([d.graph.edge_index for d in datas], 1).to(device).split(edges, 1)
+    y = torch.cat([d.graph.y for d in datas]).to(device).split(nodes)
+    masks = torch.stack([torch.cat([d.masks[s] for d in datas]) for s in SPLITS]).to(device).split(nodes, 1)
+    for d, xi, ei, yi, mi in zip(datas, x, edge_index, y, masks):
+        d.device, d.graph = device, Data(x=xi, edge_index=ei, y=yi)
+        d.masks = dict(zip(SPLITS, mi))
+        d._train = Batch(xi, ei, None, yi[d.masks["train"]], d.masks["train"])
+
+def clients_data(clients, task: str, batch_size: int = 64, device: torch.device | None = None, graphless_knn: int = 0,
+                 fold: int = -1) -> list[LocalData]:
+    "Every client's `LocalData`; node clients bound for an accelerator are built on the host and moved with one copy per field."
+    device = device or get_device()
+    if task != "node" or device.type == "cpu":
+        return [LocalData(c, task, batch_size, device, graphless_knn, fold) for c in clients]
+    datas = [LocalData(c, task, batch_size, torch.device("cpu"), graphless_knn, fold) for c in clients]
+    _move_together(datas, device)
+    return datas

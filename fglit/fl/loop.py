@@ -23,7 +23,7 @@ from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
 from ..metrics import client_average, grouped_scores
 from .messages import message_floats, message_nbytes
 from .config import ConfigError, FedConfig
-from .local_data import LocalData, SPLITS
+from .local_data import LocalData, SPLITS, clients_data
 from .protocol import ClientInfo, ModelSpec, client_spec, flat_state, load_flat_state
 from .registry import Algorithm
 from .results import SeedRun
@@ -146,8 +146,8 @@ class InProcess(Transport):
         self.clients, self.halves, self.union = [], {}, None
 
     def connect(self, config):
-        self.data = [LocalData(c, self.task, config.batch_size, graphless_knn=config.graphless_knn, fold=config.fold)
-                     for c in self.clients_data]
+        self.data = clients_data(self.clients_data, self.task, config.batch_size, graphless_knn=config.graphless_knn,
+                                 fold=config.fold)
         return self.task, self.num_features, self.num_classes, [ClientFacts(d.num_train, sum(d.counts.values()), d.graphless)
                                                                 for d in self.data]
 
