@@ -19,8 +19,8 @@ from .partition_core import (Partition, _as_source, _check_int, _check_real, _co
                                   resolve_split)
 
 # %% auto #0
-__all__ = ['LOUVAIN_BACKENDS', 'LOUVAIN_PLUS_PACKING', 'louvain_labels', 'metis_labels', 'louvain', 'community_graph',
-           'louvain_plus', 'metis_plus', 'metis']
+__all__ = ['LOUVAIN_BACKENDS', 'SLOW_NETWORKX_NODES', 'LOUVAIN_PLUS_PACKING', 'louvain_labels', 'metis_labels', 'louvain',
+           'community_graph', 'louvain_plus', 'metis_plus', 'metis']
 
 # %% ../nbs/01b_partition_community.ipynb #d3a9cb7f
 def _simple_edges(edge_index, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +90,15 @@ def _louvain_sknetwork(u: np.ndarray, v: np.ndarray, num_nodes: int, seed: int, 
     louvain = clustering.Louvain(resolution=resolution, shuffle_nodes=True, random_state=int(seed))
     return np.asarray(louvain.fit_predict(adjacency), dtype=np.int64)
 
+SLOW_NETWORKX_NODES = 100_000   # above this, networkx's Louvain warns that it is slow
+
 def louvain_labels(edge_index, num_nodes: int, seed: int = 0, resolution: float = 1.0,
                    backend: str = "networkx") -> np.ndarray:
     "Louvain community of every node (seeded; `backend` one of `LOUVAIN_BACKENDS`), canonically labelled: 0 is the largest community."
     detect = {"networkx": _louvain_networkx, "igraph": _louvain_igraph, "sknetwork": _louvain_sknetwork}[_check_backend(backend)]
+    if backend == "networkx" and num_nodes > SLOW_NETWORKX_NODES:
+        warnings.warn(f"networkx's Louvain on {num_nodes:,} nodes takes long (minutes at 100k nodes, hours at millions); "
+                      "louvain_backend='sknetwork' (pip install 'fglit[sknetwork]') is the fast one", stacklevel=2)
     u, v = _simple_edges(edge_index, num_nodes)
     return _canonical(detect(u, v, num_nodes, seed, resolution))
 

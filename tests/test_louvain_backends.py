@@ -102,3 +102,16 @@ def test_a_missing_backend_names_its_extra(monkeypatch, name):
     g, _ = blocks()
     with pytest.raises(ModuleNotFoundError, match=rf"pip install 'fglit\[{name}\]'"):
         louvain_labels(g.edge_index, g.num_nodes, backend=name)
+
+
+def test_networkx_on_a_large_graph_points_to_the_fast_backend(monkeypatch):
+    import fglit.partition_community as pc
+    monkeypatch.setattr(pc, "SLOW_NETWORKX_NODES", 100)          # the blocks graph (120 nodes) counts as large
+    g, _ = blocks()
+    with pytest.warns(UserWarning, match="louvain_backend='sknetwork'"):
+        louvain_labels(g.edge_index, g.num_nodes, backend="networkx")
+    pytest.importorskip("sknetwork")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        louvain_labels(g.edge_index, g.num_nodes, backend="sknetwork")
