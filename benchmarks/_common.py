@@ -11,11 +11,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def short_commit() -> str:
-    "The repository's HEAD as a short sha ('' outside a git checkout)."
+    "The repository's HEAD as a short sha, with '+modified' when fglit/ or benchmarks/ differ from it ('' outside a git checkout)."
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "fglit", "benchmarks"], cwd=REPO, capture_output=True,
+                                 text=True).stdout.strip()
     except OSError:
         return ""
+    return f"{sha}+modified" if sha and changed else sha
 
 
 def stage_env() -> dict:

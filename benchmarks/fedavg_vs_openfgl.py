@@ -60,6 +60,12 @@ def cli():
                         "OpenMP oversubscription slows either side by 10-30x; 0 leaves torch's default)")
     p.add_argument("--only", choices=["both", "openfgl", "fglit"], default="both")
     p.add_argument("--engine", choices=["sequential", "stacked"], default="sequential", help="fglit's simulation engine")
+    p.add_argument("--model", choices=["kipfgcn", "gcn"], default="kipfgcn",
+                   help="fglit's model. OpenFGL's 2-layer GCN is GCNConv(in, 64), ReLU, dropout, GCNConv(64, classes): two weight "
+                        "matrices, two propagations. fglit's kipfgcn with layers=2 is that network (one 64-unit GCN layer, then the "
+                        "linear class map with one more propagation; it also drops input features, as Kipf & Welling do). fglit's gcn "
+                        "with layers=2 has two 64-unit GCN layers and then a linear head: one weight matrix more (the default "
+                        "before issue #28's second round of measurements)")
     p.add_argument("--acc-tol", type=float, default=0.01,
                    help="'equal accuracy' for the target check: fglit >= OpenFGL - acc_tol (default 1 point)")
     p.add_argument("--target-ratio", type=float, default=0.5, help="the issue's target: fglit time <= this x OpenFGL's")
@@ -131,7 +137,7 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
         ds = load_dataset("Cora")
         t1 = time.perf_counter()
         res = run("fedavg", dataset=ds, partition="louvain", clients=o.clients, rounds=o.rounds,
-                  local_epochs=o.epochs, model="gcn", seeds=[seed], settings=settings, progress=False)
+                  local_epochs=o.epochs, model=o.model, seeds=[seed], settings=settings, progress=False)
         t2 = time.perf_counter()
     except Exception as err:  # report, keep the OpenFGL numbers
         return dict(ok=False, error=f"{type(err).__name__}: {err}")
@@ -139,7 +145,7 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
     # against OpenFGL's whole runner process (process_time_s)
     shutil.rmtree(cache, ignore_errors=True)
     cmd = [str(Path(sys.executable).with_name("fglit")), "run", "fedavg", "--dataset", "Cora", "--partition", "louvain",
-           "--clients", str(o.clients), "--rounds", str(o.rounds), "--local-epochs", str(o.epochs), "--model", "gcn",
+           "--clients", str(o.clients), "--rounds", str(o.rounds), "--local-epochs", str(o.epochs), "--model", o.model,
            "--seeds", str(seed), "--quiet", "--set", *[f"{k}={v}" for k, v in settings.items()]]
     t3 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True,
@@ -310,7 +316,7 @@ def main():
         date=started.isoformat(timespec="seconds"), duration_s=(finished - started).total_seconds(),
         settings=dict(algorithm="fedavg", dataset="Cora", partition="louvain", louvain_packing="pack (all communities, capped at "
                       "N//K - 20 nodes, packed into K clients)", clients=o.clients, rounds=o.rounds, local_epochs=o.epochs,
-                      model="gcn", layers=2, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay, dropout=o.dropout,
+                      model=o.model, openfgl_model="gcn", layers=2, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay, dropout=o.dropout,
                       optimizer="adam", client_fraction=1.0, split="per-client stratified 0.2/0.4/0.4 train/val/test (both sides)",
                       selection="test accuracy at the round of best validation accuracy", protocols={p: PROTOCOL_TEXT[p] for p in protocols},
                       torch_threads=o.threads or "default", device="cpu", acc_tol=o.acc_tol, target_ratio=o.target_ratio,

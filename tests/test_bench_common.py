@@ -39,3 +39,19 @@ def test_row_log_writes_the_fields_of_each_row_and_counts_them(tmp_path, capsys)
     log.write({"a": 1, "b": 2, "c": 3}); log.write({"a": 4})
     assert pd.read_csv(tmp_path / "rows.csv").fillna(-1).values.tolist() == [[1, 2], [4, -1]]
     assert log.summary().startswith("appended 2 rows to") and capsys.readouterr().out.count('"a"') == 2
+
+
+def test_short_commit_marks_a_modified_checkout(tmp_path, monkeypatch):
+    "A benchmark row run on uncommitted code says so: HEAD's sha plus '+modified' once fglit/ differs from HEAD."
+    import subprocess
+    import benchmarks._common as common
+    repo = tmp_path / "repo"
+    (repo / "fglit").mkdir(parents=True)
+    (repo / "fglit" / "a.py").write_text("x = 1\n")
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo, check=True, capture_output=True)
+    git("init", "-q"); git("add", "."); git("commit", "-qm", "one")
+    monkeypatch.setattr(common, "REPO", repo)
+    clean = common.short_commit()
+    assert clean and "+" not in clean
+    (repo / "fglit" / "a.py").write_text("x = 2\n")
+    assert common.short_commit() == clean + "+modified"
