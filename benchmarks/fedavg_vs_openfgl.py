@@ -277,7 +277,7 @@ def main():
 
     # ---- table
     setting = (f"FedAvg | Cora | Louvain packed into {o.clients} clients | {o.rounds} rounds x {o.epochs} local epochs | "
-               f"GCN 2x{o.hidden} | Adam lr {o.lr}, wd {o.weight_decay}, dropout {o.dropout} | seeds {o.seeds} | "
+               f"2-layer GCN, hidden {o.hidden} (fglit: {o.model}) | Adam lr {o.lr}, wd {o.weight_decay}, dropout {o.dropout} | seeds {o.seeds} | "
                f"torch threads {o.threads or 'default'} | {os.cpu_count()} cores")
     print(setting)
     summary = {}
