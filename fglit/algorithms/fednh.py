@@ -19,7 +19,7 @@ from ..fl.messages import SumSpec, model_group
 from ..models import Dropout, Head
 from ..own_model import ModuleAdapter
 from .fedavg import FedAvgClient, FedAvgServer
-from .prototypes import FedProtoClient, prototypes_from_sums
+from .prototypes import ClassStatistics, prototypes_from_sums
 
 # %% auto #0
 __all__ = ['FEDNH', 'CosinePrototypeHead', 'PrototypeHeadModel', 'prototype_head_model', 'uniform_prototypes',
@@ -107,7 +107,7 @@ class FedNHConfig(FedConfig):
     client_prototypes: Literal["means", "normalised"] = "means"    # normalised: each client's class mean normalised before weighting (official code)
 
 
-class FedNHClient(FedAvgClient):
+class FedNHClient(ClassStatistics, FedAvgClient):
     "FedAvg's client on a model whose head is the fixed cosine prototype classifier; also uploads per-class sums of normalised embeddings and counts."
     def __init__(self, cid: int, data, config: FedNHConfig, spec: ModelSpec):
         super().__init__(cid, data, config, spec)
@@ -124,7 +124,7 @@ class FedNHClient(FedAvgClient):
         self.model.head.prototypes.copy_(message["protos"])
 
     def reply(self) -> Message:
-        sums, counts = FedProtoClient.class_statistics(self)           # FedProto's statistics, of this client's normalised embeddings
+        sums, counts = self.class_statistics()           # FedProto's statistics, of this client's normalised embeddings
         if self.config.client_prototypes == "normalised":
             sums = F.normalize(prototypes_from_sums(sums, counts)[0], dim=1) * counts.unsqueeze(1)
         return {**super().reply(), "sums": sums, "counts": counts}

@@ -14,7 +14,7 @@ from torch import Tensor
 from ..federation import FedConfig, Message, class_sums, register_algorithm
 from ..fl.config import setting
 from .fedavg import FedAvgClient, FedAvgServer
-from .prototypes import FedProtoClient, prototypes_from_sums
+from .prototypes import ClassStatistics, prototypes_from_sums
 from .prototype_clusters import class_clusters, cluster_contrastive_loss
 
 # %% auto #0
@@ -37,7 +37,7 @@ class FPLConfig(FedConfig):
     upcr_reduction: Literal["mean", "sum"] = "mean"  # "mean": squared distance / d (official code); "sum": the paper's sum over dimensions
 
 
-class FPLClient(FedAvgClient):
+class FPLClient(ClassStatistics, FedAvgClient):
     "FedAvg's client with FPL's two prototype terms; also uploads its per-class prototypes and their mask."
     clusters: Tensor | None = None
 
@@ -57,7 +57,7 @@ class FPLClient(FedAvgClient):
         return (self.config.cpcl_weight * cpcl + self.config.upcr_weight * upcr).sum() / len(b.y)
 
     def reply(self) -> Message:
-        protos, mask = prototypes_from_sums(*FedProtoClient.class_statistics(self))
+        protos, mask = prototypes_from_sums(*self.class_statistics())
         return {**super().reply(), "protos": protos, "mask": mask}
 
 class FPLServer(FedAvgServer):

@@ -21,8 +21,8 @@ from ..fl.stacked import StackedClients
 
 # %% auto #0
 __all__ = ['HETEROGENEOUS_MODELS', 'prototypes_from_sums', 'aggregate_prototypes', 'heterogeneous_spec', 'client_model_spec',
-           'FedProtoConfig', 'prototype_loss', 'nearest_prototype', 'PrototypeClassifier', 'FedProtoClient',
-           'FedProtoServer', 'FedTGPConfig', 'FedTGPClient', 'TrainablePrototypes', 'adaptive_margin',
+           'FedProtoConfig', 'prototype_loss', 'nearest_prototype', 'PrototypeClassifier', 'ClassStatistics',
+           'FedProtoClient', 'FedProtoServer', 'FedTGPConfig', 'FedTGPClient', 'TrainablePrototypes', 'adaptive_margin',
            'margin_contrastive_loss', 'FedTGPServer', 'StackedFedProto', 'StackedFedTGP']
 
 # %% ../../nbs/11_prototypes.ipynb #ac12a924
@@ -83,7 +83,22 @@ class PrototypeClassifier(nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
         return nearest_prototype(self.model.encode(x, edge_index, batch), self.protos, self.mask)
 
-class FedProtoClient(Client):
+class ClassStatistics:
+    "Mixin for clients with `model`, `data`, `spec` and `embed`: per-class sums and counts of the training embeddings."
+    @torch.no_grad()
+    def class_statistics(self) -> tuple[Tensor, Tensor]:
+        "Per-class sums and counts of the embeddings of the training items under the current model (eval mode)."
+        self.model.eval()
+        batches = self.data.train_batches() if self.data.task == "node" else self.data.eval_batches("train")
+        sums = torch.zeros(self.spec.num_classes, self.model.embedding_dim, device=self.data.device)
+        counts = torch.zeros(self.spec.num_classes, device=self.data.device)
+        for b in batches:
+            emb, _ = self.embed(self.model, b)
+            s, n = class_sums(emb, b.y, self.spec.num_classes)
+            sums += s; counts += n
+        return sums, counts
+
+class FedProtoClient(ClassStatistics, Client):
     "Trains its own model with the prototype regulariser; uploads per-class embedding sums and counts."
     def __init__(self, cid: int, data, config: FedProtoConfig, spec: ModelSpec):
         super().__init__(cid, data, config, client_model_spec(spec, cid, config.heterogeneous_models))
@@ -98,19 +113,6 @@ class FedProtoClient(Client):
             return None
         loss = prototype_loss(emb, b.y, self.global_protos, self.global_mask)
         return None if loss is None else self.config.lam * loss
-
-    @torch.no_grad()
-    def class_statistics(self) -> tuple[Tensor, Tensor]:
-        "Per-class sums and counts of the embeddings of the training items under the current model (eval mode)."
-        self.model.eval()
-        batches = self.data.train_batches() if self.data.task == "node" else self.data.eval_batches("train")
-        sums = torch.zeros(self.spec.num_classes, self.model.embedding_dim, device=self.data.device)
-        counts = torch.zeros(self.spec.num_classes, device=self.data.device)
-        for b in batches:
-            emb, _ = self.embed(self.model, b)
-            s, n = class_sums(emb, b.y, self.spec.num_classes)
-            sums += s; counts += n
-        return sums, counts
 
     def reply(self) -> Message:
         sums, counts = self.class_statistics()
