@@ -261,6 +261,23 @@ def test_git_commit_names_the_imported_code():
     assert c is None or re.fullmatch(r"[0-9a-f]{40}(-dirty)?", c), c
 
 
+def test_git_commit_sees_a_change_anywhere_in_the_package(tmp_path):
+    "A run on a checkout whose fglit/ differs from HEAD (here fglit/core.py, outside fglit/fl/) is recorded as '-dirty'."
+    import shutil, subprocess, sys
+    from pathlib import Path
+    import fglit
+    repo = tmp_path / "checkout"
+    shutil.copytree(Path(fglit.__file__).parent, repo / "fglit", ignore=shutil.ignore_patterns("__pycache__"))
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo, check=True, capture_output=True)
+    git("init", "-q"); git("add", "."); git("commit", "-qm", "copy")
+    ask = lambda: subprocess.run([sys.executable, "-c", "from fglit.fl.results import git_commit; print(git_commit())"], cwd=repo,
+                                 env={**__import__("os").environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, check=True).stdout.strip()
+    clean = ask()
+    assert len(clean) == 40, clean
+    with open(repo / "fglit" / "core.py", "a") as f: f.write("\n# changed\n")
+    assert ask() == clean + "-dirty"
+
+
 def test_cross_validation_fold_is_the_test_set(shared_root):
     from fglit.federation import ConfigError, LocalData, run
     from fglit.data import load_dataset

@@ -61,10 +61,10 @@ class SeedRun:
 def git_commit() -> str | None:
     "The commit of the fglit checkout this code was imported from (`<sha>-dirty` if `fglit/` then differed from it), when it is one."
     try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        package = Path(__file__).resolve().parent.parent       # fglit/ (this file is fglit/fl/results.py)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=package, capture_output=True, text=True, timeout=5)
         if out.returncode != 0 or not out.stdout.strip(): return None
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here, capture_output=True, timeout=5).returncode == 1
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=package, capture_output=True, timeout=5).returncode == 1
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError, NameError):
         return None
