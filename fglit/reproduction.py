@@ -483,7 +483,7 @@ def method_sentences(side: pd.DataFrame, methods, reference: Callable[[str], str
             paper = f"paper {r.paper:.1f}, miss {r['diff']:+.1f}" if pd.notna(r.paper) else "no paper cell"
             against = f"; {ref} {other.ours.iloc[0]:.1f}" if len(other) else ""
             cells.append(f"{where} {r.ours:.1f} ({paper}{against})")
-        n = int(g.seeds.max())
-        ran = f"{n} seed{'s' if n > 1 else ''}" + (f"; the paper ran {paper_seeds}" if paper_seeds else "")
+        lo, n = int(g.seeds.min()), int(g.seeds.max())
+        ran = (f"{lo}-{n} seeds, by cell" if lo < n else f"{n} seed{'s' if n > 1 else ''}") + (f"; the paper ran {paper_seeds}" if paper_seeds else "")
         lines.append(f"- Table {t}, **{m}** ({ran}): " + "; ".join(cells) + ".")
     return lines
