@@ -14,11 +14,18 @@ def short_commit() -> str:
     "The repository's HEAD as a short sha, with '+modified' when fglit/ or benchmarks/ differ from it ('' outside a git checkout)."
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "fglit", "benchmarks"], cwd=REPO, capture_output=True,
-                                 text=True).stdout.strip()
     except OSError:
         return ""
-    return f"{sha}+modified" if sha and changed else sha
+    return f"{sha}+modified" if sha and modified("fglit", "benchmarks") else sha
+
+
+def modified(*paths: str) -> bool | None:
+    "Whether the checkout's `paths` differ from HEAD (uncommitted changes); None when git cannot tell."
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def stage_env() -> dict:

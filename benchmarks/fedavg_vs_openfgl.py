@@ -31,6 +31,8 @@ REPO = HERE.parent
 OPENFGL_PY = HERE / ".venv-openfgl" / "bin" / "python"
 OPENFGL_SCRIPT = HERE / "_openfgl_fedavg.py"
 WORK = HERE / "work"
+sys.path.insert(0, str(REPO))
+from benchmarks._common import modified  # noqa: E402
 
 # evaluation protocol -> OpenFGL's evaluation_mode / fglit's `evaluation` setting
 PROTOCOLS = {
@@ -182,15 +184,6 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
     )
 
 
-def fglit_worktree_dirty():
-    "True when fglit's package files differ from the recorded commit (the run then used uncommitted code)."
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "fglit"], cwd=str(REPO), capture_output=True, text=True, timeout=10)
-        return bool(out.stdout.strip()) if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _jsonable(x):
     return json.loads(json.dumps(x, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
@@ -331,7 +324,7 @@ def main():
         machine=dict(machine_info(), loadavg_before=load_before, loadavg_after=os.getloadavg()),
         versions=dict(torch_fglit=torch.__version__, torch_openfgl=of.get("torch"), torch_geometric_openfgl=of.get("torch_geometric"),
                       openfgl=of.get("openfgl_version"), fglit_commit=next((r.get("commit") for p in protocols for r in results[p]["fglit"] if r.get("ok")), None),
-                      fglit_uncommitted_changes=fglit_worktree_dirty()),
+                      fglit_uncommitted_changes=modified("fglit")),
         fglit_available=api is not None, fglit_note=why_not,
         summary=summary, runs=results,
     )
