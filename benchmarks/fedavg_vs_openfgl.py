@@ -68,6 +68,10 @@ def cli():
                         "linear class map with one more propagation; it also drops input features, as Kipf & Welling do). fglit's gcn "
                         "with layers=2 has two 64-unit GCN layers and then a linear head: one weight matrix more (the default "
                         "before issue #28's second round of measurements)")
+    p.add_argument("--auc", choices=["on", "off"], default="off",
+                   help="fglit's per-round ROC AUC (its config's auc). OpenFGL runs with --metrics accuracy, so 'off' (the default) "
+                        "has both sides score the same per round: fglit still computes F1-macro beside accuracy. Runs before this "
+                        "option existed scored AUC (their JSON has no settings.auc)")
     p.add_argument("--acc-tol", type=float, default=0.01,
                    help="'equal accuracy' for the target check: fglit >= OpenFGL - acc_tol (default 1 point)")
     p.add_argument("--target-ratio", type=float, default=0.5, help="the issue's target: fglit time <= this x OpenFGL's")
@@ -133,7 +137,8 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
     shutil.rmtree(cache, ignore_errors=True)       # cold: no cached partition or processed dataset
     settings = {"lr": o.lr, "hidden": o.hidden, "weight_decay": o.weight_decay, "dropout": o.dropout,
                 "layers": 2, "optimizer": "adam", "client_fraction": 1.0, "selection": "best_val",
-                "evaluation": PROTOCOLS[protocol][1], "mode": "pack", "engine": o.engine}
+                "evaluation": PROTOCOLS[protocol][1], "mode": "pack", "engine": o.engine,
+                "auc": o.auc == "on"}
     try:
         t0 = time.perf_counter()
         ds = load_dataset("Cora")
@@ -270,7 +275,7 @@ def main():
 
     # ---- table
     setting = (f"FedAvg | Cora | Louvain packed into {o.clients} clients | {o.rounds} rounds x {o.epochs} local epochs | "
-               f"2-layer GCN, hidden {o.hidden} (fglit: {o.model}) | Adam lr {o.lr}, wd {o.weight_decay}, dropout {o.dropout} | seeds {o.seeds} | "
+               f"2-layer GCN, hidden {o.hidden} (fglit: {o.model}, AUC {o.auc}) | Adam lr {o.lr}, wd {o.weight_decay}, dropout {o.dropout} | seeds {o.seeds} | "
                f"torch threads {o.threads or 'default'} | {os.cpu_count()} cores")
     print(setting)
     summary = {}
@@ -313,7 +318,9 @@ def main():
                       optimizer="adam", client_fraction=1.0, split="per-client stratified 0.2/0.4/0.4 train/val/test (both sides)",
                       selection="test accuracy at the round of best validation accuracy", protocols={p: PROTOCOL_TEXT[p] for p in protocols},
                       torch_threads=o.threads or "default", device="cpu", acc_tol=o.acc_tol, target_ratio=o.target_ratio,
-                      engine=o.engine),
+                      engine=o.engine, auc=o.auc == "on",
+                      per_round_metrics=dict(openfgl="accuracy (--metrics accuracy)",
+                                             fglit="accuracy, F1-macro" + (", ROC AUC" if o.auc == "on" else ""))),
         seeds=o.seeds, seeds_note=(f"{len(o.seeds)} seed(s); OpenFGL's Louvain (scikit-network) is deterministic, so its seeds "
                                    "change the split and initialisation only; fglit's Louvain (networkx) is seeded, so its partition varies too"),
         timing_note=("train_time_s: OpenFGL trainer.train() / fglit simulate() (model building, every round's local training, "

@@ -242,8 +242,9 @@ def print_result(result, as_json: bool = False) -> int:
           f"{summary['rounds']} rounds x {summary['local_epochs']} local epochs, model {summary['model']}, device {get_device()}")
     if summary.get("defaults_from"):
         print(f"per-dataset defaults: {summary['defaults_from']}")
-    _print_table(scores.round(4), False)
-    auc = f"AUC {format_mean_std(scores.auc)}   " if scores.auc.notna().any() else ""    # NaN: no test split with two classes
+    has_auc = bool(scores.auc.notna().any())    # NaN: no test split with two classes, or the run had `auc` off
+    _print_table((scores if has_auc else scores.drop(columns="auc")).round(4), False)
+    auc = f"AUC {format_mean_std(scores.auc)}   " if has_auc else ""
     print(f"\naccuracy {format_mean_std(scores.accuracy)}   F1-macro {format_mean_std(scores.f1_macro)}   {auc}"
           f"(F1 over present classes {format_mean_std(scores.f1_macro_present)}; percent, mean ± std over {len(scores)} seed(s))")
     per_client = pd.DataFrame(summary["per_client"]).rename(columns={"n": "test_items"})

@@ -94,6 +94,14 @@ def test_run_prints_the_auc_of_its_json_summary(shared_root):
     assert auc == pytest.approx(100 * json.loads(as_json.stdout)["auc_mean"], abs=0.006) and 0 < auc <= 100
 
 
+def test_run_with_auc_off_prints_no_auc(shared_root):
+    out = fglit("run", "fedavg", "--dataset", "MUTAG", "--partition", "iid", "--clients", "2", "--rounds", "2", "--set", "auc=false",
+                env={"FGLIT_DATA": str(shared_root)})
+    assert out.returncode == 0, out.stderr
+    header = next(l for l in out.stdout.splitlines() if l.split()[:2] == ["seed", "round"])
+    assert "accuracy" in header.split() and "auc" not in header.split() and "AUC" not in out.stdout
+
+
 def test_run_help_lists_registered_algorithms_and_partition_aliases():
     out = fglit("run", "--help")
     assert out.returncode == 0, out.stderr

@@ -379,6 +379,21 @@ def test_runs_record_auc_beside_accuracy(cora, shared_root):
     assert node.summary()["auc_mean"] > 0.5                   # Cora after two rounds: better than chance ranking
 
 
+@pytest.mark.parametrize("case", ["pooled", "stacked", "per_client", "graph"])
+def test_auc_off_drops_only_the_auc(cora, shared_root, case):
+    "`auc=False` on each evaluation path (pooled union, stacked engine, each client's `evaluate`, graph batches): the same history without its `auc` column, and NaN AUC in the scores."
+    args = dict(node=("fedavg", cora, "louvain", 3), graph=("fedavg", load_dataset("PROTEINS", shared_root), "dirichlet", 3))
+    algo, ds, part, k = args["graph" if case == "graph" else "node"]
+    settings = dict(stacked=dict(engine="stacked"), per_client=dict(evaluation="local")).get(case, {})
+    on, off = (run(algo, ds, part, k, rounds=2, local_epochs=1, seeds=[0], progress=False, settings=dict(settings, auc=a))
+               for a in (True, False))
+    h_on, h_off = on.runs[0].history, off.runs[0].history
+    assert "auc" in h_on.columns and "auc" not in h_off.columns
+    pd.testing.assert_frame_equal(h_on.drop(columns="auc"), h_off)
+    assert np.isnan(off.summary()["auc_mean"]) and not np.isnan(on.summary()["auc_mean"])
+    assert "test_auc" not in off.per_round().columns and off.scores().accuracy.tolist() == on.scores().accuracy.tolist()
+
+
 def test_every_algorithm_refuses_what_its_config_declares():
     "`node_task_only` / `graph_task_only` / `one_model_only` are enforced through `resolve_run_config` and `make_config`, for every registered algorithm."
     from fglit.federation import ALGORITHMS, load_algorithms, make_config, resolve_run_config

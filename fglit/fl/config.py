@@ -125,6 +125,7 @@ class FedConfig:
     selection: Literal["best_val", "last"] = setting("best_val", help="which round is reported: best validation accuracy, or the last")
     weighting: Literal["nodes", "plain"] = setting("nodes", help="client average weighted by evaluated items, or plain")
     eval_every: int = setting(1, ge=1, help="evaluate every this many rounds (and after the last)")
+    auc: bool = setting(True, help="also score ROC AUC at each evaluation; False: accuracy and F1 only, and the run reports no AUC (a sort per evaluation saved)")
     graphless_knn: int = setting(0, ge=0, help="> 0: graphless clients train on a cosine kNN graph of their features with this k")
     graphless_model: str = setting("", help="a model name: graphless clients run it instead of `model` (mlp: Fed-GNNMLP)")
     fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")

@@ -157,7 +157,7 @@ class InProcess(Transport):
 
     def start_uplink(self, algorithm, config, spec, seed):
         "The clients' uplink halves, if the run has an uplink (and the server's model, for pooled scoring)."
-        self.server_spec = spec
+        self.server_spec, self.auc = spec, config.auc
         if needs_uplink(config):
             from fglit.uplink import UplinkClient        # cryptography is imported only by runs that use it
             self.halves = {i: UplinkClient(i, algorithm, config, seed) for i in range(len(self.clients))}
@@ -187,7 +187,7 @@ class InProcess(Transport):
         if self.union is None:
             self.union, self.union_model = NodeUnion(self.data), self.server_spec.build()
         load_flat_state(self.union_model, message["params"])
-        return [(cid, split, s) for split, per_client in self.union.score(self.union_model, num_classes, auc=True).items()
+        return [(cid, split, s) for split, per_client in self.union.score(self.union_model, num_classes, auc=self.auc).items()
                 for cid, s in enumerate(per_client)]
 
     def clip_counts(self):

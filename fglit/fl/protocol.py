@@ -201,8 +201,8 @@ class Client:
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, num_classes: int, splits=("val", "test")) -> dict[str, dict]:
-        "`classification_scores` (with `auc`) of `model` on each split, from one forward pass: what the simulator records."
-        return {s: classification_scores(y, z.argmax(-1), num_classes, scores=self.to_probabilities(model, z))
+        "`classification_scores` (with `auc` unless the config's `auc` is off) of `model` on each split, from one forward pass: what the simulator records."
+        return {s: classification_scores(y, z.argmax(-1), num_classes, scores=self.to_probabilities(model, z) if self.config.auc else None)
                 for s, (y, z) in self.outputs(model, splits).items()}
 
 def check_setup(config: FedConfig, task: str, clients: Iterable = ()) -> None:

@@ -294,7 +294,7 @@ class StackedClients:
     def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
         "Per-client scores on each split, all clients in one pass: their own models, or the rows of `flat` (`[K, P]`)."
         _, logits = self.forward(None if flat is None else self.params.unflatten(flat), training=False)
-        return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=True)
+        return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=self.config.auc)
 
 # %% ../../nbs/fl/07_stacked.ipynb #85fe5356
 def compare_engines(algorithm, clients_data: list, task: str, num_features: int, num_classes: int, settings: dict | None = None,
