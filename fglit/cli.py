@@ -419,13 +419,15 @@ def cmd_flower_local(args) -> int:
 
 
 # %% ../nbs/06_cli.ipynb #3f9c2ef5
-def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True) -> None:
-    "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule."
+def _add_run_arguments(p, algorithms: list[str], dataset_required: bool = True, files: bool = True) -> None:
+    "The arguments `fglit run` and `fglit flower app|local` share: algorithm, dataset, partition, clients and schedule (`files`: `--dataset` also takes a .pt file, with `--task`; the Flower commands load a dataset by name on each node)."
     p.add_argument("algorithm", help=", ".join(algorithms))
     p.add_argument("--dataset", required=dataset_required,
-                   help="a registered name, a name PyG knows (texas, COX2, ...) or a file written by torch.save (.pt)"
+                   help=("a registered name, a name PyG knows (texas, COX2, ...) or a file written by torch.save (.pt)" if files else
+                         "a registered name or a name PyG knows (each node loads it from its own data root)")
                         + ("" if dataset_required else "; required unless --config names one"))
-    p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: one graph = node, several = graph)")
+    if files:
+        p.add_argument("--task", choices=("node", "graph"), help="the task of a .pt file's data (default: one graph = node, several = graph)")
     p.add_argument("--partition", default=DEFAULT_PARTITION, help=partition_help())
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--rounds", type=int)
@@ -460,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of per-client objects")
     p.add_argument("--root", default=None)
     p.set_defaults(func=cmd_partition)
-    p = sub.add_parser("run", help="a federated run of an algorithm (the main job)")
+    # no abbreviated options: which flags were typed decides what a --config file may set (`apply_config_file`)
+    p = sub.add_parser("run", help="a federated run of an algorithm (the main job)", allow_abbrev=False)
     _add_run_arguments(p, algorithms, dataset_required=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--partition-file", nargs="+", metavar="FILE", dest="partition_file",
@@ -496,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("app", cmd_flower_app, "write a Flower App (pyproject.toml) for `flwr run` and print the deployment commands"),
                              ("local", cmd_flower_local, "run on a SuperLink and SuperNodes started on this machine (loopback)")):
         q = fsub.add_parser(name, help=text)
-        _add_run_arguments(q, algorithms)
+        _add_run_arguments(q, algorithms, files=False)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--set", nargs="+", metavar="KEY=VALUE", help="algorithm or partition settings, as for `fglit run`")
         q.add_argument("--root", default=None, help="data root on the nodes (default: each node's $FGLIT_DATA or data-root)")

@@ -113,9 +113,9 @@ def grouped_scores(groups: torch.Tensor, y_true: torch.Tensor, y_pred: torch.Ten
     empty = n == 0
     acc, f1_all, f1_present = (torch.where(empty, nan, v) for v in (acc, f1_all, f1_present))
     auc = None if scores is None else grouped_roc_auc(groups, y_true, scores, num_groups, num_classes).tolist()
-    return [dict(n=int(n[g]), accuracy=float(acc[g]), f1_macro=float(f1_all[g]), f1_macro_present=float(f1_present[g]),
-                 **({} if auc is None else {"auc": auc[g]}))
-            for g in range(num_groups)]
+    columns = zip(n.long().tolist(), acc.tolist(), f1_all.tolist(), f1_present.tolist())   # one conversion per column, not per group
+    return [dict(n=c[0], accuracy=c[1], f1_macro=c[2], f1_macro_present=c[3], **({} if auc is None else {"auc": auc[g]}))
+            for g, c in enumerate(columns)]
 
 # %% ../nbs/04_metrics.ipynb #012fd84b
 WEIGHTINGS = ("nodes", "plain")

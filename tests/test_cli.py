@@ -102,6 +102,22 @@ def test_run_with_auc_off_prints_no_auc(shared_root):
     assert "accuracy" in header.split() and "auc" not in header.split() and "AUC" not in out.stdout
 
 
+def test_run_refuses_abbreviated_flags():
+    "A typed flag beats a --config file's value, so `run` must know every flag typed: an abbreviation (`--round` for `--rounds`) is refused, not silently overridden."
+    out = fglit("run", "fedavg", "--dataset", "Cora", "--round", "2")
+    assert out.returncode == 2 and "unrecognized arguments: --round 2" in out.stderr
+
+
+def test_only_run_takes_a_task_for_dataset_files():
+    "`--task` says what a .pt file holds; the Flower commands load a dataset by name on each node, so they refuse it rather than ignore it."
+    assert "--task" in fglit("run", "--help").stdout
+    for sub in ("app", "local"):
+        help_text = fglit("flower", sub, "--help")
+        assert help_text.returncode == 0 and "--task" not in help_text.stdout and ".pt" not in help_text.stdout, help_text.stderr
+        out = fglit("flower", sub, "fedavg", "--dataset", "Cora", "--task", "graph", *(["--out", "unused"] if sub == "app" else []))
+        assert out.returncode == 2 and "unrecognized arguments: --task graph" in out.stderr
+
+
 def test_run_help_lists_registered_algorithms_and_partition_aliases():
     out = fglit("run", "--help")
     assert out.returncode == 0, out.stderr

@@ -54,13 +54,23 @@ class NodeUnion:
         model.eval()
         return score_rows(model(self.x, self.edge_index), self, num_classes, splits, auc)
 
+def _split_rows(union, split: str) -> tuple[Tensor, Tensor, Tensor]:
+    "The rows of `split` in `union`, and their clients and labels: computed once per union (its masks never change)."
+    cache = union.__dict__.setdefault("_split_rows", {})
+    if split not in cache:
+        rows = union.masks[split].nonzero().squeeze(1)
+        cache[split] = (rows, union.client[rows], union.y[rows])
+    return cache[split]
+
 def score_rows(logits: Tensor, union, num_classes: int, splits=("val", "test"), auc: bool = False) -> dict[str, list[dict]]:
     "Per-client scores from the logits of every node of a union of clients' graphs (`union.client`, `.y`, `.masks`, `.num_clients`)."
     pred = logits.argmax(-1)
     probs = torch.softmax(logits.float(), -1) if auc else None
-    return {s: grouped_scores(union.client[union.masks[s]], union.y[union.masks[s]], pred[union.masks[s]], union.num_clients, num_classes,
-                              scores=None if probs is None else probs[union.masks[s]])
-            for s in splits}
+    out = {}
+    for s in splits:
+        rows, client, y = _split_rows(union, s)
+        out[s] = grouped_scores(client, y, pred[rows], union.num_clients, num_classes, scores=None if probs is None else probs[rows])
+    return out
 
 # %% ../../nbs/fl/06_loop.ipynb #26da91ba
 SLOW_ROUND_S = 1.0   # after a round slower than this, the next rounds also show a bar over their clients
