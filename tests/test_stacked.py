@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fglit.federation import run
 from fglit.fl.config import ConfigError
@@ -65,3 +66,88 @@ def test_the_uplink_works_the_same_on_the_stacked_engine(privacy):
     b = run("fedavg", "Cora", "metis", 4, settings={"dropout": 0.0, "engine": "stacked", **privacy}, **kw).runs[0]
     assert (a.per_round().test_accuracy - b.per_round().test_accuracy).abs().max() <= 1e-5
     assert a.communication.bytes.sum() == b.communication.bytes.sum()
+
+
+@pytest.fixture(scope="module")
+def cora_clients():
+    from fglit.data import load_dataset
+    from fglit.fl.local_data import clients_data
+    from fglit.partition import partition
+    ds = load_dataset("Cora")
+    return ds, clients_data(partition(ds, "louvain", 6, seed=0).clients, "node", 64)
+
+
+
+@settings(max_examples=15, deadline=None)
+@given(picked=st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True))
+def test_a_selected_stack_holds_the_blocks_of_its_clients(cora_clients, picked):
+    "`ClientStack.select(ks)` is the stack of those clients with the same padding: every per-row tensor is `rows_of` the full one, the adjacency its diagonal blocks."
+    import torch
+    from fglit.fl.stacked import ClientStack
+    _, data = cora_clients
+    full = ClientStack(data)
+    sub, ks = full.select(picked), torch.tensor(picked)
+    assert sub.n_max == full.n_max and sub.num_clients == len(picked)
+    assert torch.equal(sub.x, full.rows_of(full.x, ks)) and torch.equal(sub.y, full.rows_of(full.y, ks))
+    for split in ("train", "val", "test"):
+        assert torch.equal(sub.masks[split], full.rows_of(full.masks[split], ks))
+    assert torch.equal(sub.num_train, full.num_train[ks]) and torch.equal(sub.sizes, full.sizes[ks])
+    dense, n = full.adj.matrix.to_dense(), full.n_max
+    blocks = [dense[k * n:(k + 1) * n, k * n:(k + 1) * n] for k in picked]
+    assert torch.equal(sub.adj.matrix.to_dense(), torch.block_diag(*blocks))
+
+
+def test_selected_params_train_apart_and_go_back(cora_clients):
+    "`StackedParams.select(rows)` copies those clients' weights and optimizer state; `put` writes them back and leaves the other rows as they were."
+    import torch
+    from fglit.fl.protocol import ModelSpec, flat_state
+    from fglit.fl.stacked import StackedParams
+    from fglit.fl.config import FedConfig
+    ds, _ = cora_clients
+    spec = ModelSpec("kipfgcn", ds.num_features, ds.num_classes, "node", 16, 2, 0.0)
+    params = StackedParams(spec, [flat_state(spec.build()) for _ in range(5)], FedConfig())
+    for t in params.tensors: t.grad = torch.randn_like(t)
+    params.step(torch.ones(5, dtype=torch.bool))
+    before, m_before = params.flat().clone(), [m.clone() for m in params.m]
+    rows = torch.tensor([3, 1])
+    sub = params.select(rows)
+    assert torch.equal(sub.flat(), before[rows]) and sub.K == 2 and torch.equal(sub.steps, params.steps[rows])
+    for t in sub.tensors: t.grad = torch.randn_like(t)
+    sub.step(torch.ones(2, dtype=torch.bool))
+    assert torch.equal(params.flat(), before)                 # the full stack is untouched until `put`
+    params.put(rows, sub)
+    after = params.flat()
+    assert torch.equal(after[rows], sub.flat()) and not torch.equal(after[rows], before[rows])
+    others = torch.tensor([0, 2, 4])
+    assert torch.equal(after[others], before[others]) and all(torch.equal(m[others], mb[others]) for m, mb in zip(params.m, m_before))
+    assert params.steps.tolist() == [1, 2, 1, 2, 1]
+
+
+def test_opfgl_stacked_narrows_to_the_running_clients_and_matches_sequential():
+    "With clients stopping at different steps (patience 1), the stacked stages drop the stopped clients and still give every client the sequential engine's iterations and validation accuracy."
+    from fglit.data import load_dataset
+    from fglit.federation import get_algorithm, make_config, simulate
+    from fglit.partition import partition
+    import fglit.algorithms.opfgl_stacked as stacked_module
+    ds, algo = load_dataset("Cora"), get_algorithm("opfgl")
+    part = partition(ds, "louvain+", 6, seed=0)
+    narrowed = []
+    original = stacked_module.StackedOpFGL._narrow
+    def spy(self, full_params, full_stack, clients):
+        narrowed.append(None if clients is None else len(clients))
+        return original(self, full_params, full_stack, clients)
+    logs = {}
+    for engine in ("sequential", "stacked"):
+        cfg = make_config(algo.config, {**algo.defaults_for("Cora", "louvain+"), "surrogate_iters": 100, "stage1_iters": 300,
+                                        "finetune_iters": 300, "eval_interval": 20, "patience": 1, "engine": engine})
+        def keep(rnd, server, clients, engine=engine): logs[engine] = pd.DataFrame([c.log for c in clients])
+        stacked_module.StackedOpFGL._narrow = spy
+        try:
+            simulate(algo, part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=0, progress=False, callback=keep)
+        finally:
+            stacked_module.StackedOpFGL._narrow = original
+    cols = ["stage1_iters", "stage1_val", "stage2_iters", "stage2_val"]
+    seq, stk = logs["sequential"][cols], logs["stacked"][cols]
+    assert seq.stage1_iters.nunique() > 1 or seq.stage2_iters.nunique() > 1      # clients stopped at different steps
+    assert any(n is not None and n < 6 for n in narrowed)                       # ... and the stack went on without them
+    pd.testing.assert_frame_equal(seq, stk, check_exact=False, atol=1e-6)

@@ -41,8 +41,8 @@ class StackedOpFGL(StackedClients):
         n = torch.bincount(s.client[s.masks["val"]], minlength=self.params.K)
         return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
 
-    def train_stage(self, loss_fn, lr: float, iters: int, active: Tensor) -> Tensor:
-        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Every row steps every iteration (one in-place optimizer step, no gathering of the running rows): a stopped client's row is overwritten at the end by the weights it keeps, and a client outside `active` gets its starting weights back."
+    def train_stage(self, make_loss, lr: float, iters: int, active: Tensor) -> Tensor:
+        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of the clients in the current `self.stack` as a function of which of them train (`[K']` bool; `self.running`: their indices among all clients, None while all are there). A client outside `active` gets its starting weights back."
         c, K = self.config, self.params.K
         strict = c.early_stopping == "strict"
         self.params.reset_optimizer(lr)
@@ -50,45 +50,67 @@ class StackedOpFGL(StackedClients):
         state, has_state = self.params.flat().clone(), torch.full((K,), not strict)
         bad, checks, its = torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long), torch.zeros(K, dtype=torch.long)
         running = active.clone()
+        full_params, full_stack, self.running = self.params, self.stack, None
+        here = torch.arange(K)                               # the clients of the current stack, in its order
 
         def check(who: Tensor) -> None:
-            score = self.val_accuracy().cpu()
+            score = torch.zeros(K); score[here] = self.val_accuracy().cpu()
             checks[who] += 1
             better = who & ((score > best) | ((score == best) & (not strict)))
             worse = who & ~better
             best[better] = score[better]; bad[better] = 0; bad[worse] += 1
-            rows = better.nonzero().squeeze(1).to(state.device)
-            state[rows] = self.params.flat()[rows]; has_state[better] = True
+            keep(better)
 
-        every = torch.ones(K, dtype=torch.bool, device=self.stack.x.device)
+        def keep(who: Tensor) -> None:
+            "Save the current weights of the clients `who` (all in the current stack) as the ones they keep."
+            if not bool(who.any()): return
+            local = who[here].nonzero().squeeze(1)
+            state[here[local].to(state.device)] = self.params.flat()[local.to(state.device)]; has_state[who] = True
+
+        loss_fn = make_loss()
         for it in range(1, iters + 1):
             if not bool(running.any()): break
+            if int(running.sum()) < len(here):              # some stopped (or never trained): go on without them
+                here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
+                loss_fn = make_loss()
             self.params.zero_grad()
-            loss_fn(running.to(self.stack.x.device)).backward()
-            self.params.step(every)
+            loss_fn(torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device)).backward()
+            self.params.step(torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device))
             its[running] = it
             if it % c.eval_interval == 0:
                 who = running.clone()
                 check(who)
                 stop = who & (bad >= c.patience)
-                as_trained = stop & ~has_state        # strict, never above 0: kept as trained up to here
-                if bool(as_trained.any()):
-                    rows = as_trained.nonzero().squeeze(1).to(state.device)
-                    state[rows] = self.params.flat()[rows]; has_state[as_trained] = True
+                keep(stop & ~has_state)               # strict, never above 0: kept as trained up to here
                 running &= ~stop
+        self._narrow(full_params, full_stack, None)
         final = active & ((checks == 0) | (its % c.eval_interval != 0))
+        here = torch.arange(K)
         if bool(final.any()): check(final)
         restore = ((active & has_state) | ~active).nonzero().squeeze(1).to(state.device)
         self.params.load(restore.tolist(), list(state[restore])) if len(restore) else None
         return its
 
+    def _narrow(self, full_params, full_stack, clients: Tensor | None) -> Tensor:
+        "Train only `clients` (indices among all; None: all again) from here: what the current stack trained goes back into `full_params`, and `self.params`/`self.stack` become those clients' (padded as before, so their per-node arrays are blocks of the full ones: `ClientStack.rows_of`)."
+        if self.running is not None: full_params.put(self.running.to(full_params.steps.device), self.params)
+        self.running = clients
+        if clients is None:
+            self.params, self.stack = full_params, full_stack
+            return torch.arange(full_params.K)
+        rows = clients.to(full_params.steps.device)
+        self.params, self.stack = full_params.select(rows), full_stack.select(clients.tolist())
+        return clients.cpu()
+
     def stage1(self, graph: SurrogateGraph, active: Tensor) -> None:
-        surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
         t0 = time.perf_counter()
-        def loss(act):
-            _, logits = self.forward(stack=surrogate)
-            return self.train_loss(logits, act, stack=surrogate)
-        its = self.train_stage(loss, self.config.stage1_lr, self.config.stage1_iters, active)
+        def make_loss():                               # every client in the current stack on its copy of the surrogate graph
+            surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
+            def loss(act):
+                _, logits = self.forward(stack=surrogate)
+                return self.train_loss(logits, act, stack=surrogate)
+            return loss
+        its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in active.nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage1_iters=int(its[k]), stage1_val=float(val[k]), stage1_s=took)
@@ -117,20 +139,24 @@ class StackedOpFGL(StackedClients):
         active = active & ~idle
         real = torch.zeros(K * s.n_max, dtype=torch.bool, device=s.x.device); real[s.rows] = True
 
-        def loss(act):
-            _, logits = self.forward()
-            flat = logits.reshape(-1, logits.size(-1))
-            rows = s.masks["train"] & act[s.client]
-            if c.finetune_loss == "focal":
-                per = focal_loss(flat[rows], s.y[rows], c.focal_gamma, reduction="none")
-            else:
-                per = F.cross_entropy(flat[rows], s.y[rows], reduction="none")
-            total = (per / s.num_train[s.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
-            if mode == "none": return total
-            keep = real & act[s.client]
-            kl = (teacher_logp.exp()[keep] * (teacher_logp[keep] - F.log_softmax(flat[keep], -1))).sum(-1)
-            return total + (lam[keep] * kl / s.sizes[s.client[keep]].to(kl.dtype)).sum()
-        its = self.train_stage(loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
+        def make_loss():                               # the clients of the current stack (`self.running` of them) on their own graphs
+            st, part = self.stack, (lambda v: v) if self.running is None else (lambda v: s.rows_of(v, self.running.to(v.device)))
+            t_logp, t_p, lam_s, real_s = part(teacher_logp), part(teacher_logp.exp()), part(lam), part(real)
+            def loss(act):
+                _, logits = self.forward()
+                flat = logits.reshape(-1, logits.size(-1))
+                rows = st.masks["train"] & act[st.client]
+                if c.finetune_loss == "focal":
+                    per = focal_loss(flat[rows], st.y[rows], c.focal_gamma, reduction="none")
+                else:
+                    per = F.cross_entropy(flat[rows], st.y[rows], reduction="none")
+                total = (per / st.num_train[st.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
+                if mode == "none": return total
+                keep = real_s & act[st.client]
+                kl = (t_p[keep] * (t_logp[keep] - F.log_softmax(flat[keep], -1))).sum(-1)
+                return total + (lam_s[keep] * kl / st.sizes[st.client[keep]].to(kl.dtype)).sum()
+            return loss
+        its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in (active | idle).nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage2_val=float(val[k]), stage2_s=took if active[k] else 0.0,

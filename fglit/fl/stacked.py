@@ -25,13 +25,16 @@ __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'Sta
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
-    "Node clients' subgraphs as one padded block-diagonal graph: client `k`'s node `i` sits at row `k * n_max + i` (`data`: `LocalData`s, or anything with `.graph` and `.masks`; a graph's `edge_weight` is used when present)."
-    def __init__(self, data: list[LocalData]):
+    "Node clients' subgraphs as one padded block-diagonal graph: client `k`'s node `i` sits at row `k * n_max + i` (`data`: `LocalData`s, or anything with `.graph` and `.masks`; a graph's `edge_weight` is used when present; `n_max`: the padding, at least the largest client)."
+    def __init__(self, data: list[LocalData], n_max: int | None = None):
         graphs = [d.graph for d in data]
         device = graphs[0].x.device
+        self.data = list(data)
         self.num_clients = K = len(graphs)
         sizes = torch.tensor([g.num_nodes for g in graphs], device=device)
-        self.n_max = n_max = max(1, int(sizes.max()))
+        largest = max(1, int(sizes.max()))
+        if n_max is not None and n_max < largest: raise ValueError(f"n_max={n_max} is smaller than the largest client ({largest} nodes)")
+        self.n_max = n_max = largest if n_max is None else n_max
         self.sizes = sizes
         client = torch.repeat_interleave(torch.arange(K, device=device), sizes)
         first = torch.cumsum(sizes, 0) - sizes
@@ -62,6 +65,14 @@ class ClientStack:
         crow = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=x.size(0)).cumsum(0)])
         return SparseOperand(torch.sparse_csr_tensor(crow, col + self.client[row] * d, x[row, col], (x.size(0), self.num_clients * d),
                                                      check_invariants=False))
+
+    def select(self, clients: list[int]) -> "ClientStack":
+        "The stack of only `clients` (in that order), padded as this one: client `clients[j]`'s rows here are its rows there, block `j` instead of block `clients[j]` (see `rows_of`)."
+        return ClientStack([self.data[k] for k in clients], n_max=self.n_max)
+
+    def rows_of(self, values: Tensor, clients: Tensor) -> Tensor:
+        "The blocks of `clients` of a per-row tensor of this stack (`[K n_max, ...]`), stacked in that order: the same tensor of `select(clients)`."
+        return values.view(self.num_clients, self.n_max, *values.shape[1:])[clients].reshape(-1, *values.shape[1:])
 
     @classmethod
     def replicate(cls, x: Tensor, edge_index: Tensor, y: Tensor, copies: int, edge_weight: Tensor | None = None) -> "ClientStack":
@@ -166,6 +177,23 @@ class StackedParams:
 
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.names, self.tensors))
+
+    def select(self, rows: Tensor) -> "StackedParams":
+        "The clients `rows` alone (`[K']` indices): copies of their parameters and optimizer state, to train apart and `put` back."
+        sub = object.__new__(StackedParams)
+        sub.__dict__.update(self.__dict__)
+        sub.K = len(rows)
+        sub.tensors = [t.detach()[rows].clone().requires_grad_(True) for t in self.tensors]
+        sub.m, sub.v = [t[rows].clone() for t in self.m], [t[rows].clone() for t in self.v]
+        sub.steps = self.steps[rows].clone()
+        return sub
+
+    @torch.no_grad()
+    def put(self, rows: Tensor, sub: "StackedParams") -> None:
+        "Write back what `select(rows)` took out, as `sub` holds it now: parameters, optimizer state and step counts."
+        for mine, theirs in zip(self.tensors + self.m + self.v, sub.tensors + sub.m + sub.v):
+            mine.detach().index_copy_(0, rows, theirs.detach())
+        self.steps.index_copy_(0, rows, sub.steps)
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         "`[K, P]` rows (as `flat` gives) as named stacked tensors (views)."
