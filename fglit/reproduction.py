@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import multiprocessing as mp
 import warnings
@@ -25,9 +26,9 @@ from .core import tqdm
 __all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS',
            'AUTHORS_COLUMNS', 'paper_number_papers', 'load_paper_numbers', 'Experiment', 'completed', 'results_file',
            'repair_torn_row', 'read_results', 'append_row', 'ResultsFileBusy', 'ResultsLock', 'run_grid',
-           'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction', 'compare_with_paper',
-           'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files', 'with_provenance',
-           'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
+           'changed_runs', 'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction',
+           'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files',
+           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
            'write_authors_code', 'miss_cause', 'authors_verdicts', 'method_sentences']
 
 # %% ../nbs/08_reproduction.ipynb #670573a4
@@ -183,6 +184,25 @@ def run_grid(experiments: list[Experiment], run_one: Callable, seeds=(0, 1, 2), 
     with (ResultsLock(out) if out else contextlib.nullcontext()):
         return _run_grid(experiments, run_one, seeds, out, jobs, quick, progress)
 
+def _number(v) -> float | None:
+    "A recorded rounds / local-epochs value as a number (None: not set)."
+    return None if v is None or v == "" or (isinstance(v, float) and np.isnan(v)) else float(v)
+
+def changed_runs(done: pd.DataFrame, experiments: dict) -> list[str]:
+    "The runs of `done` whose algorithm, settings, rounds or local epochs are not what their experiment (`{key: Experiment}`, by `KEY_COLUMNS`) asks now: resuming a grid skips a run by its key, so such a row would stand for a setting it did not run."
+    out = []
+    for row in done.to_dict("records"):
+        e = experiments.get(tuple(row[c] for c in KEY_COLUMNS))
+        if e is None: continue
+        recorded = json.loads(row["settings"]) if isinstance(row.get("settings"), str) and row["settings"] else {}
+        differ = [name for name, same in (("algorithm", row.get("algorithm", e.algorithm) == e.algorithm),
+                                          ("settings", recorded == json.loads(e.settings)),
+                                          ("rounds", _number(row.get("rounds")) == _number(e.rounds)),
+                                          ("local_epochs", _number(row.get("local_epochs")) == _number(e.local_epochs))) if not same]
+        if differ:
+            out.append(f"{e.table}/{e.dataset}/{e.method}{f' [{e.note}]' if e.note else ''}/seed {row['seed']} ({', '.join(differ)})")
+    return out
+
 def _run_grid(experiments, run_one, seeds, out, jobs, quick, progress) -> pd.DataFrame:
     done = read_results(out) if out and out.exists() else pd.DataFrame()
     wanted = {e.key(s) for e in experiments for s in seeds}
@@ -191,6 +211,10 @@ def _run_grid(experiments, run_one, seeds, out, jobs, quick, progress) -> pd.Dat
         keys = [tuple(r) for r in done[KEY_COLUMNS].itertuples(index=False)]
         done = done[[k in wanted for k in keys]]
         have = {k for k in keys if k in wanted}
+        stale = changed_runs(done, {e.key(s): e for e in experiments for s in seeds})
+        if stale:
+            warnings.warn(f"{out}: {len(stale)} recorded run(s) ran with other settings than the grid now gives them, and are kept, "
+                          f"not rerun: {'; '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}. Delete those rows to rerun them.")
     todo = [(e, s) for e in experiments for s in seeds if e.key(s) not in have]
     rows, failed = [], []
     def keep(row):

@@ -148,3 +148,23 @@ def test_workers_end_when_their_parent_is_killed(tmp_path):
     p.send_signal(signal.SIGKILL); p.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"workers still running after their parent was killed: {[w.pid for w in alive]}"
+
+
+def test_a_run_recorded_with_other_settings_is_named_not_silently_kept(tmp_path):
+    "Resuming skips a run by its key; when the grid now gives that run other settings, rounds or epochs, the warning names it."
+    from dataclasses import replace
+    import warnings as _warnings
+    from fglit.reproduction import changed_runs
+    out = tmp_path / "runs.csv"
+    old = [replace(e, settings='{"lr": 0.01}', rounds=50) for e in _grid(2)]
+    run_grid(old, quick_run, seeds=(0, 1), out=out, progress=False)
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")                                          # the same grid again: no warning
+        run_grid(old, quick_run, seeds=(0, 1), out=out, progress=False)
+    new = [replace(old[0], settings='{"lr": 0.005}'), replace(old[1], rounds=100)]
+    with pytest.warns(UserWarning, match=r"2 recorded run\(s\).*m0/seed 0 \(settings\).*m1/seed 0 \(rounds\)") as caught:
+        rows = run_grid(new, quick_run, seeds=(0,), out=out, progress=False)
+    assert len(rows) == 2 and len(read_results(out)) == 4                        # kept, not rerun
+    assert "seed 1" not in str(caught[0].message)                                # only the seeds asked for
+    same_json = [replace(old[0], settings='{ "lr":0.01 }')]                      # the same settings, spelled otherwise
+    assert changed_runs(read_results(out), {same_json[0].key(0): same_json[0]}) == []
