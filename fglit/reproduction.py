@@ -205,13 +205,13 @@ def changed_runs(done: pd.DataFrame, experiments: dict) -> list[str]:
 
 def _run_grid(experiments, run_one, seeds, out, jobs, quick, progress) -> pd.DataFrame:
     done = read_results(out) if out and out.exists() else pd.DataFrame()
-    wanted = {e.key(s) for e in experiments for s in seeds}
+    wanted = {e.key(s): e for e in experiments for s in seeds}
     have = set()
     if len(done):
         keys = [tuple(r) for r in done[KEY_COLUMNS].itertuples(index=False)]
         done = done[[k in wanted for k in keys]]
         have = {k for k in keys if k in wanted}
-        stale = changed_runs(done, {e.key(s): e for e in experiments for s in seeds})
+        stale = changed_runs(done, wanted)
         if stale:
             warnings.warn(f"{out}: {len(stale)} recorded run(s) ran with other settings than the grid now gives them, and are kept, "
                           f"not rerun: {'; '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}. Delete those rows to rerun them.")

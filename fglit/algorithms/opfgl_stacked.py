@@ -67,15 +67,15 @@ class StackedOpFGL(StackedClients):
             local = who[here].nonzero().squeeze(1)
             state[here[local].to(state.device)] = self.params.flat()[local.to(state.device)]; has_state[who] = True
 
-        loss_fn = make_loss()
+        loss_fn, every = make_loss(), torch.ones(K, dtype=torch.bool, device=self.stack.x.device)   # every client of the stack trains
         for it in range(1, iters + 1):
             if not bool(running.any()): break
             if int(running.sum()) < len(here):              # some stopped (or never trained): go on without them
                 here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
-                loss_fn = make_loss()
+                loss_fn, every = make_loss(), torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device)
             self.params.zero_grad()
-            loss_fn(torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device)).backward()
-            self.params.step(torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device))
+            loss_fn(every).backward()
+            self.params.step(every)
             its[running] = it
             if it % c.eval_interval == 0:
                 who = running.clone()
@@ -83,9 +83,8 @@ class StackedOpFGL(StackedClients):
                 stop = who & (bad >= c.patience)
                 keep(stop & ~has_state)               # strict, never above 0: kept as trained up to here
                 running &= ~stop
-        self._narrow(full_params, full_stack, None)
+        here = self._narrow(full_params, full_stack, None)
         final = active & ((checks == 0) | (its % c.eval_interval != 0))
-        here = torch.arange(K)
         if bool(final.any()): check(final)
         restore = ((active & has_state) | ~active).nonzero().squeeze(1).to(state.device)
         self.params.load(restore.tolist(), list(state[restore])) if len(restore) else None
