@@ -330,3 +330,15 @@ def test_cuda_run(shared_root, monkeypatch):
     monkeypatch.setenv("FGLIT_DEVICE", "cuda")
     r = run("fedtad", "Cora", "louvain", 3, rounds=4, seeds=[0], root=shared_root, progress=False)
     assert r.summary()["accuracy_mean"] > 0.5
+
+
+def test_one_federated_round_then_fine_tuning(shared_root):
+    "O-pFGL's one-round FedTAD (`federated_rounds=1`): weights and reliabilities go up once, the distilled model comes down once more, then nothing moves while the clients fine-tune."
+    r = run("fedtad", "Cora", "louvain", 3, rounds=4, seeds=[0], root=shared_root, progress=False,
+            settings={"distill_epochs": 1, "num_generated": 40, "federated_rounds": 1, "evaluation": "local"})
+    c = r.communication()
+    sent = c[c.floats > 0].groupby(["round", "direction"]).client.nunique().to_dict()
+    assert sent == {(1, "down"): 3, (1, "up"): 3, (2, "down"): 3}
+    assert r.per_round().test_accuracy.iloc[-1] > 0.5                 # fine-tuned personal models (majority class 0.30)
+    with pytest.raises(ConfigError, match="federated_rounds"):
+        make_config(FedTADConfig, {"federated_rounds": -1})

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import add_self_loops, remove_self_loops
 
-from .fedavg import FedAvgClient, FedAvgServer
+from .fedavg import FedAvgClient, FedAvgConfig, FedAvgServer
 from .generator import diversity_loss, ensemble_logits, teacher_weights
 from .structure import random_walk_embedding
 from ..core import get_device
-from ..federation import FedConfig, Message, flat_state, load_flat_state, register_algorithm
+from ..federation import Message, flat_state, load_flat_state, register_algorithm
 from ..models import knn_graph
 from ..fl.config import setting
 
@@ -33,8 +33,8 @@ DISTILL_TARGETS = ("teachers", "ensemble")
 GENERATOR_HIDDEN = (64, 128, 256)
 
 @dataclass
-class FedTADConfig(FedConfig):
-    "FedTAD (Zhu et al., IJCAI 2024): fglit's shared node-task training defaults plus FedTAD's constants (defaults of the authors' code)."
+class FedTADConfig(FedAvgConfig):
+    "FedTAD (Zhu et al., IJCAI 2024): fglit's shared node-task training defaults plus FedTAD's constants (defaults of the authors' code); as FedAvg's, `federated_rounds=F > 0` stops uploading after F rounds and the clients fine-tune the last download (O-pFGL's one-round FedTAD)."
     node_task_only = "FedTAD is a node-classification method (its reliabilities and pseudo graphs are node-level)"
     one_model_only = "FedTAD averages and distils one global model"
     walk_length: int = setting(5, ge=0)   # K_rw: random-walk return probabilities for 1..K_rw steps in the topology embedding
