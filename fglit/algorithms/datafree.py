@@ -209,7 +209,6 @@ class DataFreeServer(OneShotServer):
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.student = self.model
-        self.history: list[dict] = []
 
     def teachers(self, states: list[Tensor]) -> list[nn.Module]:
         "The uploaded local models."

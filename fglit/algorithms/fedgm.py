@@ -121,10 +121,7 @@ class FedGMClient(OneShotClient):
 class FedGMServer(OneShotServer):
     "FedGM's server: trains the global model on the union of the uploaded condensed graphs."
     upload_key = "x"
-    def __init__(self, config, clients, spec):
-        super().__init__(config, clients, spec)
-        self.seed = int(torch.randint(0, 2**31 - 1, (1,)))     # the server's own stream (see above)
-        self.history: list[dict] = []
+    own_stream = True         # the server's own stream (see above)
 
     def union(self, replies: dict[int, Message]) -> tuple[Tensor, Tensor, Tensor]:
         "The condensed graphs of `replies` (ascending id) as one graph: features, labels, edges shifted per client."

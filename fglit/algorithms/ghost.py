@@ -205,10 +205,7 @@ class RetentionPenalty:
 class GhostServer(OneShotServer):
     "GHOST's server: trains the global model on pseudo graphs from each uploaded proxy in turn, with the topology-consistency retention penalty."
     upload_key = "generator"
-    def __init__(self, config, clients, spec):
-        super().__init__(config, clients, spec)
-        self.seed = int(torch.randint(0, 2**31 - 1, (1,)))     # the server's own stream (see above)
-        self.history: list[dict] = []
+    own_stream = True         # the server's own stream (see above)
 
     def pseudo_labels(self, n: int, counts: Tensor) -> Tensor:
         "`n` labels: balanced over all classes, the remainder to the last (`uniform`), or drawn by `counts` (`counts`)."

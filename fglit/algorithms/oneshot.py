@@ -56,11 +56,14 @@ class OneShotClient(Client):
 class OneShotServer(Server):
     "Builds the global weights from the round-1 uploads (`build`), sends them once in round 2."
     upload_key = "params"     # the key every round-1 upload carries (a subclass whose clients upload something else names it)
+    own_stream = False        # True: draw a seed of the server's own here, for training it reseeds from (the same whatever the clients drew)
 
     def __init__(self, config, clients, spec):
         super().__init__(config, clients, spec)
         self.model = spec.build()        # the global model, for servers that train it
         self.params = flat_state(self.model)
+        self.history: list[dict] = []    # a log of the server's own training, one dict per step it logs
+        if self.own_stream: self.seed = int(torch.randint(0, 2**31 - 1, (1,)))
 
     def build(self, replies: dict[int, Message]) -> Tensor:
         "The global weights from the uploads (here: the training-size-weighted mean)."
