@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from fglit.algorithms.opfgl import (HETERO_MODELS, LinkPredictor, OpFGLConfig, class_homophily, class_moment_sums,
+from fglit.algorithms.opfgl import (HETERO_MODELS, LinkPredictor, OpFGLConfig, class_alignment, class_homophily, class_mean_std,
+                                    class_moment_sums,
                                     distillation_weights, generate_surrogate, label_propagation, node_homophily,
                                     pooled_statistics, reliable_nodes, soft_labels, sum_messages, surrogate_class_sizes)
 from fglit.federation import ConfigError, make_config, run
@@ -392,3 +393,26 @@ def test_link_init_concat_draws_as_one_linear_on_the_pairs():
             assert p.abs().max() <= bound and p.abs().max() > 0.9 * bound
     with pytest.raises(ConfigError, match="link_init"):
         make_config(OpFGLConfig, dict(link_init="wide"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(C=st.integers(2, 6), D=st.integers(1, 9), absent=st.integers(0, 5), seed=st.integers(0, 10_000))
+def test_class_alignment_without_std_terms_is_exactly_the_full_formula(C, D, absent, seed):
+    "One node per class (the surrogate's default): skipping the std terms (`multi=None`) gives bit for bit the value and the gradient of the full formula, whose std terms are all multiplied by 0."
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.tensor([c for c in range(C) if c != absent % C])          # one node per present class, one class absent
+    target_mean, target_std = torch.randn(C, D, generator=g), torch.rand(C, D, generator=g)
+    feats = torch.randn(len(labels), D, generator=g)
+    fast_x, full_x = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    fast = class_alignment(fast_x, labels, C, target_mean, target_std, None)
+    m, s, count = class_mean_std(full_x, labels, C)
+    full = (m - target_mean).pow(2).mean(1) + (s - target_std).pow(2).mean(1) * (count > 1)
+    assert torch.equal(fast, full)
+    weights = torch.rand(C, generator=g)
+    (fast * weights).sum().backward(); (full * weights).sum().backward()
+    assert torch.equal(fast_x.grad, full_x.grad)
+    two = torch.cat([labels, labels[:1]])                                     # a class with two nodes keeps its std term
+    x2 = torch.randn(len(two), D, generator=g)
+    m2, s2, c2 = class_mean_std(x2, two, C)
+    assert torch.equal(class_alignment(x2, two, C, target_mean, target_std, c2 > 1),
+                       (m2 - target_mean).pow(2).mean(1) + (s2 - target_std).pow(2).mean(1) * (c2 > 1))

@@ -27,9 +27,9 @@ from ..models import propagate_hops
 __all__ = ['HETERO_MODELS', 'HRE_CRITERIA', 'SURROGATE_RATIO', 'HETEROPHILIC', 'OpFGLConfig', 'opfgl_defaults',
            'propagated_features', 'label_propagation', 'soft_labels', 'node_homophily', 'class_homophily',
            'reliable_nodes', 'class_moment_sums', 'sum_messages', 'pooled_statistics', 'LinkPredictor',
-           'dense_gcn_norm', 'class_mean_std', 'smoothness_loss', 'surrogate_class_sizes', 'SurrogateGraph',
-           'surrogate_possible', 'surrogate_from_sums', 'generate_surrogate', 'distillation_weights', 'focal_loss',
-           'EarlyStopping', 'OpFGLClient', 'OpFGLServer']
+           'dense_gcn_norm', 'class_mean_std', 'class_alignment', 'smoothness_loss', 'surrogate_class_sizes',
+           'SurrogateGraph', 'surrogate_possible', 'surrogate_from_sums', 'generate_surrogate', 'distillation_weights',
+           'focal_loss', 'EarlyStopping', 'OpFGLClient', 'OpFGLServer']
 
 # %% ../../nbs/20_opfgl.ipynb #6c69bfb8
 HETERO_MODELS: tuple[dict, ...] = (     # the paper's heterogeneous-model pool (Tables 11/12), one per client in turn
@@ -230,14 +230,22 @@ def dense_gcn_norm(adj: Tensor) -> Tensor:
     d = a.sum(1).rsqrt()
     return d.unsqueeze(1) * a * d.unsqueeze(0)
 
-def class_mean_std(feats: Tensor, labels: Tensor, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
-    "Per-class mean and unbiased std `[C, D]` and counts `[C]` of `feats` (std 0 for classes with one node)."
+def class_mean_std(feats: Tensor, labels: Tensor, num_classes: int, std: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
+    "Per-class mean and unbiased std `[C, D]` and counts `[C]` of `feats` (std 0 for classes with one node; `std=False`: the std is not computed, None)."
     s1, count = class_sums(feats, labels, num_classes)
     n = count.unsqueeze(1)
     mean = s1 / n.clamp_min(1)
+    if not std: return mean, None, count
     dev = feats - mean[labels]
     var = class_sums(dev * dev, labels, num_classes)[0] / (n - 1).clamp_min(1)
     return mean, (var + 1e-12).sqrt() * (n > 1), count
+
+def class_alignment(feats: Tensor, labels: Tensor, num_classes: int, target_mean: Tensor, target_std: Tensor,
+                    multi: Tensor | None) -> Tensor:
+    "Per class $\\lVert m_c-\\mu_c\\rVert^2/D + [n_c>1]\\,\\lVert s_c-\\sigma_c\\rVert^2/D$ (`[C]`); `multi` = $[n_c>1]$, or None when no class has two nodes: then every std term is $0 \\times (\\dots)$ and is not computed (the same value and gradient, fewer operations)."
+    m, s, _ = class_mean_std(feats, labels, num_classes, std=multi is not None)
+    per_class = (m - target_mean).pow(2).mean(1)
+    return per_class if multi is None else per_class + (s - target_std).pow(2).mean(1) * multi
 
 def smoothness_loss(x: Tensor, adj: Tensor, form: str = "penalty") -> Tensor:
     "$\\sum A'_{ij}(1 - s_{ij}) / \\sum A'_{ij}$ with $s_{ij} = \\mathrm{mean}_d e^{-(x_{id}-x_{jd})^2/2}$; `form='similarity'`: $\\sum A'_{ij} s_{ij} / \\sum A'_{ij}$ ([code])."
@@ -301,13 +309,14 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
     if n < 2: raise ValueError(f"the surrogate graph needs >= 2 nodes; the clients' statistics cover {int(present.sum())} class(es)")
     target_mean, target_std = mean.float(), var.float().clamp_min(0).sqrt()
     r = count.float() / count.float().sum()
+    class_weight = r * present.float()                                         # r_c, 0 for absent classes (once, not every step)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         x = nn.Parameter(torch.randn(n, in_dim, generator=gen).to(device))
         link = LinkPredictor(in_dim, config.edge_hidden, config.link_init).to(device)
     opt_x = torch.optim.Adam([x], lr=config.feature_lr)
     opt_g = torch.optim.Adam(link.parameters(), lr=config.edge_lr)
-    multi = (sizes > 1).to(device)
+    multi = (sizes > 1).to(device) if bool((sizes > 1).any()) else None      # None: one node per class (the default), no std terms
     off_diag = 1 - torch.eye(n, device=device)
 
     def graph(x):
@@ -320,9 +329,8 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         hops, h = [x], x
         for _ in range(config.hops):
             h = prop @ h; hops.append(h)
-        m, s, _ = class_mean_std(torch.cat(hops, 1), y, C)
-        per_class = (m - target_mean).pow(2).mean(1) + (s - target_std).pow(2).mean(1) * multi
-        align = (r * per_class * present.float()).sum()
+        per_class = class_alignment(torch.cat(hops, 1), y, C, target_mean, target_std, multi)
+        align = (class_weight * per_class).sum()
         smooth = smoothness_loss(x, a, config.smoothness)
         return align, smooth
 
