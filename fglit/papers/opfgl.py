@@ -23,11 +23,11 @@ from ..reproduction import register_reproduction
 
 # %% auto #0
 __all__ = ['PAPER_GCN', 'ONE_SHOT_FINETUNE', 'METHODS', 'PAPER_CELLS_ELSEWHERE', 'ONE_SHOT_TABLES', 'HUNDRED_ROUND_TABLE',
-           'ABLATIONS', 'HRE_VARIANTS', 'QUICK', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS', 'CODE_SETTINGS',
-           'CODE_COMMON', 'CODE_NOTE', 'CODE_BEHAVIOUR', 'CODE_BEHAVIOUR_NOTE', 'PAPER_METRIC', 'OPFGL', 'reproduce',
-           'OPFGL_AUTHORS', 'AUTHORS_CODE', 'PER_CLASS_METHODS', 'paper_numbers', 'opfgl_experiments',
-           'run_opfgl_experiment', 'authors_experiments', 'side_by_side', 'write_authors_code', 'per_class_scores',
-           'per_class_analysis']
+           'ABLATIONS', 'FEDGTA_EPOCHS', 'HRE_VARIANTS', 'QUICK', 'AUTHORS_PARTITIONS', 'AUTHORS_METHODS',
+           'CODE_SETTINGS', 'CODE_COMMON', 'CODE_NOTE', 'CODE_BEHAVIOUR', 'CODE_BEHAVIOUR_NOTE', 'PAPER_METRIC',
+           'OPFGL', 'reproduce', 'OPFGL_AUTHORS', 'AUTHORS_CODE', 'PER_CLASS_METHODS', 'paper_numbers',
+           'opfgl_experiments', 'run_opfgl_experiment', 'authors_experiments', 'side_by_side', 'write_authors_code',
+           'per_class_scores', 'per_class_analysis']
 
 # %% ../../nbs/papers/21_opfgl_results.ipynb #491310d7
 def paper_numbers() -> pd.DataFrame:
@@ -77,21 +77,24 @@ ABLATIONS = {       # Fig. 3 (Louvain) / Fig. 7 (Metis): name -> O-pFGL settings
     "ours w/o HRE": dict(hre=False),
     "ours": dict(),
 }
+FEDGTA_EPOCHS = (3, 10, 30, 100)    # table "gta-epochs": FedGTA's Table 1 cell with these local epochs in its one round (the grid's row: 300)
 HRE_VARIANTS = {   # Table 25 notes -> criteria
     "HRE full (C1+C2+C3)": "degree,confidence,homophily", "HRE without (C1)": "confidence,homophily",
     "HRE without (C1) and (C2)": "homophily", "HRE without (C1), (C2) and (C3)": "",
 }
 
 def _exp(table, dataset, partition, clients, method, settings=None, note="", paper_table=None, paper_method=None,
-         paper_note=None) -> Experiment:
+         paper_note=None, local_epochs=None) -> Experiment:
     algo, rounds, epochs, base, override, pmethod, pnote = METHODS[method] if method in METHODS else METHODS["O-pFGL"]
+    epochs = epochs if local_epochs is None else local_epochs
     if method in PAPER_CELLS_ELSEWHERE and paper_table is None:
         paper_table, paper_note = PAPER_CELLS_ELSEWHERE[method].get(table, ("", ""))
     return Experiment(table, dataset, partition, clients, method, algo, json.dumps({**base, **(settings or {})}, sort_keys=True),
                       rounds, epochs, note, paper_table if paper_table is not None else (HUNDRED_ROUND_TABLE.get(table, "") if override else table),
                       pmethod if paper_method is None else paper_method, pnote if paper_note is None else paper_note)
 
-def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "17", "18", "22", "25", "fig3", "fig7", "fig8", "fig9", "fig10"),
+def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "17", "18", "22", "25", "fig3", "fig7", "fig8", "fig9", "fig10",
+                             "gta-epochs"),
                       datasets=("Cora", "CiteSeer")) -> list[Experiment]:
     "The reproduction grid: paper tables (and ablation figures) on the offline datasets."
     out = []
@@ -126,11 +129,14 @@ def opfgl_experiments(tables=("1", "5", "1b", "4", "7", "11", "17", "18", "22", 
         elif t == "fig9":    # alpha of the distillation weight (the paper: ogbn-arxiv)
             out += [_exp(t, d, "louvain+", 10, "O-pFGL", {"distill_alpha": a}, note=f"alpha={a}", paper_table="", paper_method="")
                     for d in datasets if d != "Cora" for a in (0.05, 0.2, 1.0)]
+        elif t == "gta-epochs":   # FedGTA's one round: local epochs before its averaging (Appendix I does not give them)
+            out += [_exp(t, d, "louvain+", 10, "FedGTA", note=f"{e} local epochs", paper_table="1", paper_note="", local_epochs=e)
+                    for d in datasets for e in FEDGTA_EPOCHS]
         elif t == "fig10":   # number of clients on the largest graph available here (Photo), Metis
             out += [_exp(t, "Photo", "metis", k, m, note=f"{k} clients", paper_table="", paper_method="")
                     for k in (10, 100, 1000) for m in ("O-pFGL", "Standalone", "FedAvg")]
         else:
-            raise ValueError(f"unknown table {t!r}; known: 1 1b 4 5 7 11 17 18 22 25 fig3 fig7 fig8 fig9 fig10")
+            raise ValueError(f"unknown table {t!r}; known: 1 1b 4 5 7 11 17 18 22 25 fig3 fig7 fig8 fig9 fig10 gta-epochs")
     return out
 
 # %% ../../nbs/papers/21_opfgl_results.ipynb #53c7fef9
