@@ -1,4 +1,5 @@
 """Tests for O-pFGL (`fglit.algorithms.opfgl`, from nbs/20_opfgl.ipynb), `fedavg_ft` and the reproduction harness."""
+import json
 import os
 import subprocess
 import sys
@@ -238,6 +239,21 @@ def test_reproduce_resumes(tmp_path, shared_root):
     assert len(reproduce([], seeds=(0,), out=out, progress=False)) == 0   # only the rows asked for come back
     with pytest.raises(ValueError):
         opfgl_experiments(tables=("99",))
+
+
+def test_grid_rows_of_the_pfgl_baselines_and_the_fedgta_epochs():
+    "FedTAD, Fed-PUB and FedGTA in every one-shot table (one round; FedTAD then fine-tuned); gta-epochs varies only FedGTA's local epochs, against the paper's Table 1 cell."
+    from fglit.papers.opfgl import FEDGTA_EPOCHS, ONE_SHOT_TABLES, opfgl_experiments
+    grid = opfgl_experiments(tables=tuple(ONE_SHOT_TABLES), datasets=("Cora",))
+    by = {(e.table, e.method): e for e in grid}
+    for t in ONE_SHOT_TABLES:
+        tad, pub, gta = by[(t, "FedTAD")], by[(t, "FedPUB")], by[(t, "FedGTA")]
+        assert json.loads(tad.settings)["federated_rounds"] == 1 and tad.rounds == 100
+        assert pub.rounds == gta.rounds == 1 and pub.local_epochs == gta.local_epochs == 300 and json.loads(pub.settings)["hidden"] == 64
+        assert {tad.paper_method, pub.paper_method, gta.paper_method} == {"FedTAD", "FedPUB", "FedGTA"} and tad.paper_table == t
+    sens = opfgl_experiments(tables=("gta-epochs",), datasets=("Cora", "CiteSeer"))
+    assert sorted((e.dataset, e.local_epochs) for e in sens) == sorted((d, n) for d in ("Cora", "CiteSeer") for n in FEDGTA_EPOCHS)
+    assert {(e.method, e.rounds, e.paper_table, e.settings) for e in sens} == {("FedGTA", 1, "1", by[("1", "FedGTA")].settings)}
 
 
 # ---------------------------------------------------------------- bad input: never a NaN, never a crash
