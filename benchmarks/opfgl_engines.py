@@ -5,7 +5,7 @@ per seed: the issue's target is <= 10 s per seed on 2 cores at the same accuracy
     .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out /tmp/o.csv --set surrogate_iters=50 stage1_iters=50 finetune_iters=50
 
 Appends one row per (seed, engine) to results/bench/opfgl_engines.csv: simulation wall time (statistics, the server's
-surrogate graph, both stages, scoring), the surrogate graph's time, accuracy, machine, load, threads and commit.
+surrogate graph, both stages, scoring), the surrogate graph's and each stage's time, accuracy, machine, load, threads and commit.
 """
 from __future__ import annotations
 
@@ -49,12 +49,14 @@ def main() -> int:
             box = {}
             t = time.perf_counter()
             r = simulate(algo, part.clients, ds.task, ds.num_features, ds.num_classes, config, seed=seed, progress=False,
-                         callback=lambda rnd, server, clients: box.update(server=server))
+                         callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
                        dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, device=device_name(),
                        simulate_s=time.perf_counter() - t,
                        surrogate_s=box["server"].graph.seconds if box["server"].graph is not None else 0.0,
+                       # each stage's wall time: the clients' one after another (sequential), or their one shared stage (stacked)
+                       **{f"{k}_s": (max if engine == "stacked" else sum)(log.get(f"{k}_s", 0.0) for log in box["logs"]) for k in ("stage1", "stage2")},
                        accuracy=float(r.scores()["accuracy"]), f1_macro=float(r.scores()["f1_macro"]))
             print(row, flush=True)
             append_row(o.out, row)
