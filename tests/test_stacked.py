@@ -56,7 +56,7 @@ def test_opfgl_engines_benchmark_runs_on_a_tiny_size(tmp_path):
     rows = pd.read_csv(out)
     assert rows.engine.tolist() == ["sequential", "stacked"] and (rows.simulate_s > 0).all()
     parts = rows[["surrogate_s", "stage1_s", "stage2_s"]]
-    assert (parts > 0).all().all() and (parts.sum(1) < rows.simulate_s).all()     # each part measured, within the whole
+    assert (parts > 0).all().all() and (parts.sum(axis=1) < rows.simulate_s).all()     # each part measured, within the whole
     assert rows.accuracy.iloc[0] == rows.accuracy.iloc[1]          # O-pFGL has no dropout: the engines agree
 
 
