@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, surrogate_from_sums,
+from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
 from ..fl.stacked import ClientStack, StackedClients
@@ -144,15 +144,16 @@ class StackedOpFGL(StackedClients):
             def loss(act):
                 _, logits = self.forward()
                 flat = logits.reshape(-1, logits.size(-1))
-                rows = st.masks["train"] & act[st.client]
+                rows, keep = st.masks["train"] & act[st.client], real_s & act[st.client]
+                # one log-softmax over the rows the loss reads (the clients' real nodes; their training nodes without distillation)
+                logp = row_log_softmax(flat[keep] if mode != "none" else flat[rows])
                 if c.finetune_loss == "focal":
                     per = focal_loss(flat[rows], st.y[rows], c.focal_gamma, reduction="none")
                 else:
-                    per = F.cross_entropy(flat[rows], st.y[rows], reduction="none")
+                    per = -(logp[rows[keep]] if mode != "none" else logp).gather(1, st.y[rows].unsqueeze(1)).squeeze(1)
                 total = (per / st.num_train[st.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
                 if mode == "none": return total
-                keep = real_s & act[st.client]
-                kl = (t_p[keep] * (t_logp[keep] - F.log_softmax(flat[keep], -1))).sum(-1)
+                kl = (t_p[keep] * (t_logp[keep] - logp)).sum(-1)
                 return total + (lam_s[keep] * kl / st.sizes[st.client[keep]].to(kl.dtype)).sum()
             return loss
         its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
