@@ -432,3 +432,20 @@ def test_class_alignment_without_std_terms_is_exactly_the_full_formula(C, D, abs
     m2, s2, c2 = class_mean_std(x2, two, C)
     assert torch.equal(class_alignment(x2, two, C, target_mean, target_std, c2 > 1),
                        (m2 - target_mean).pow(2).mean(1) + (s2 - target_std).pow(2).mean(1) * (c2 > 1))
+
+
+@given(n=st.integers(1, 8), D=st.integers(1, 12), scale=st.floats(0.1, 3.0), seed=st.integers(0, 10_000))
+@settings(max_examples=40, deadline=None)
+def test_pair_similarity_matches_the_direct_formula_and_its_autograd_gradient(n, D, scale, seed):
+    "The closed-form backward of `pair_similarity` gives the value and the gradient autograd gets from the direct formula, for any downstream weights (not only symmetric ones)."
+    from fglit.algorithms.opfgl import pair_similarity
+    g = torch.Generator().manual_seed(seed)
+    x = (scale * torch.randn(n, D, generator=g, dtype=torch.float64)).requires_grad_(True)
+    w = torch.randn(n, n, generator=g, dtype=torch.float64)          # an arbitrary, asymmetric upstream gradient
+    direct = torch.exp(-0.5 * (x.unsqueeze(1) - x.unsqueeze(0)).pow(2)).mean(-1)
+    (grad_direct,) = torch.autograd.grad((w * direct).sum(), x)
+    fast = pair_similarity(x)
+    (grad_fast,) = torch.autograd.grad((w * fast).sum(), x)
+    torch.testing.assert_close(fast, direct, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_fast, grad_direct, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(pair_similarity, (x.detach().clone().requires_grad_(True),))

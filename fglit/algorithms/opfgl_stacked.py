@@ -42,7 +42,7 @@ class StackedOpFGL(StackedClients):
         return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
 
     def train_stage(self, make_loss, lr: float, iters: int, active: Tensor) -> Tensor:
-        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of the clients in the current `self.stack` as a function of which of them train (`[K']` bool; `self.running`: their indices among all clients, None while all are there). A client outside `active` gets its starting weights back."
+        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of every client in the current `self.stack` as a function of nothing (`self.running`: their indices among all clients, None while all are there), so it can fix which rows it reads once per stack. A client outside `active` gets its starting weights back."
         c, K = self.config, self.params.K
         strict = c.early_stopping == "strict"
         self.params.reset_optimizer(lr)
@@ -74,7 +74,7 @@ class StackedOpFGL(StackedClients):
                 here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
                 loss_fn, every = make_loss(), torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device)
             self.params.zero_grad()
-            loss_fn(every).backward()
+            loss_fn().backward()
             self.params.step(every)
             its[running] = it
             if it % c.eval_interval == 0:
@@ -105,9 +105,10 @@ class StackedOpFGL(StackedClients):
         t0 = time.perf_counter()
         def make_loss():                               # every client in the current stack on its copy of the surrogate graph
             surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
-            def loss(act):
+            every = torch.ones(self.params.K, dtype=torch.bool, device=graph.x.device)
+            def loss():
                 _, logits = self.forward(stack=surrogate)
-                return self.train_loss(logits, act, stack=surrogate)
+                return self.train_loss(logits, every, stack=surrogate)
             return loss
         its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active)
         val, took = self.val_accuracy(), time.perf_counter() - t0
@@ -141,20 +142,28 @@ class StackedOpFGL(StackedClients):
         def make_loss():                               # the clients of the current stack (`self.running` of them) on their own graphs
             st, part = self.stack, (lambda v: v) if self.running is None else (lambda v: s.rows_of(v, self.running.to(v.device)))
             t_logp, t_p, lam_s, real_s = part(teacher_logp), part(teacher_logp.exp()), part(lam), part(real)
-            def loss(act):
+            # the rows the loss reads, fixed once per stack (every client in it trains): its clients' real nodes (only their
+            # training nodes without distillation), and where the training nodes sit among them; gathered in row order, as a mask would
+            train = st.masks["train"]
+            rows, keep = train.nonzero().squeeze(1), real_s.nonzero().squeeze(1)
+            read = keep if mode != "none" else rows
+            sup_at, y_sup = train[read].nonzero().squeeze(1), st.y[rows].unsqueeze(1)
+            n_sup = st.num_train[st.client[rows]].to(teacher_logp.dtype)
+            if mode != "none":
+                t_p_k, t_logp_k, lam_k = t_p[keep], t_logp[keep], lam_s[keep]
+                size_k = st.sizes[st.client[keep]].to(teacher_logp.dtype)
+            def loss():
                 _, logits = self.forward()
                 flat = logits.reshape(-1, logits.size(-1))
-                rows, keep = st.masks["train"] & act[st.client], real_s & act[st.client]
-                # one log-softmax over the rows the loss reads (the clients' real nodes; their training nodes without distillation)
-                logp = row_log_softmax(flat[keep] if mode != "none" else flat[rows])
+                logp = row_log_softmax(flat.index_select(0, read))    # one log-softmax for the CE and the KL
                 if c.finetune_loss == "focal":
-                    per = focal_loss(flat[rows], st.y[rows], c.focal_gamma, reduction="none")
+                    per = focal_loss(flat.index_select(0, rows), y_sup.squeeze(1), c.focal_gamma, reduction="none")
                 else:
-                    per = -(logp[rows[keep]] if mode != "none" else logp).gather(1, st.y[rows].unsqueeze(1)).squeeze(1)
-                total = (per / st.num_train[st.client[rows]].to(per.dtype)).sum() + flat.sum() * 0.0
+                    per = -logp.index_select(0, sup_at).gather(1, y_sup).squeeze(1)
+                total = (per / n_sup).sum() + flat.sum() * 0.0
                 if mode == "none": return total
-                kl = (t_p[keep] * (t_logp[keep] - logp)).sum(-1)
-                return total + (lam_s[keep] * kl / st.sizes[st.client[keep]].to(kl.dtype)).sum()
+                kl = (t_p_k * (t_logp_k - logp)).sum(-1)
+                return total + (lam_k * kl / size_k).sum()
             return loss
         its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
         val, took = self.val_accuracy(), time.perf_counter() - t0
