@@ -449,3 +449,24 @@ def test_pair_similarity_matches_the_direct_formula_and_its_autograd_gradient(n,
     torch.testing.assert_close(fast, direct, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad_fast, grad_direct, rtol=1e-10, atol=1e-12)
     assert torch.autograd.gradcheck(pair_similarity, (x.detach().clone().requires_grad_(True),))
+
+
+def test_stage_workers_need_the_stacked_engine_and_split_clients_by_size():
+    "stage_workers shares the stacked engine's stages: the sequential engine refuses it; the groups cover every client once, balanced by node count."
+    import types
+    from fglit.algorithms.opfgl_stacked import StackedOpFGL
+    from fglit.federation import ConfigError
+    with pytest.raises(ConfigError, match="engine='stacked'"):
+        OpFGLConfig(stage_workers=2).validate()
+    OpFGLConfig(stage_workers=2, engine="stacked").validate()
+    sizes = [50, 10, 40, 30, 20, 5]
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_workers=2),
+                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
+    groups = StackedOpFGL.worker_groups(fake, list(range(6)))
+    assert sorted(k for g in groups for k in g) == list(range(6)) and all(g == sorted(g) for g in groups)
+    loads = [sum(sizes[k] for k in g) for g in groups]
+    assert len(groups) == 2 and max(loads) - min(loads) <= max(sizes[k] for k in range(6) if sizes[k] > 0) and sum(loads) == sum(sizes)
+    fake.config.stage_workers = 9                       # more workers than clients: one client each
+    assert sorted(map(len, StackedOpFGL.worker_groups(fake, [0, 1, 2]))) == [1, 1, 1]
+    fake.config.stage_workers = 1
+    assert StackedOpFGL.worker_groups(fake, [0, 1, 2]) == [[0, 1, 2]]

@@ -90,6 +90,7 @@ class OpFGLConfig(FedConfig):
     finetune_loss: Literal["ce", "focal"] = "ce"   # ce | focal (the "ft + focal" ablation)
     focal_gamma: float = 2.0
     model_pool: Literal["", "hetero"] = ""   # "" = every client runs `model`; "hetero" = the paper's 10-model pool
+    stage_workers: int = setting(1, ge=1)   # engine='stacked' on the CPU: processes that share the clients' two stages (forked; 1 = this one)
     # the authors' code where it departs from the paper without changing what the paper defines (named options, see "Settings")
     early_stopping: Literal["ties", "strict"] = "ties"   # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
     model_init: Literal["client", "shared"] = "client"   # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])
@@ -108,6 +109,8 @@ class OpFGLConfig(FedConfig):
         if self.lambda_min > self.lambda_max: raise ConfigError("lambda_min must be <= lambda_max")
         if self.model_init == "shared" and self.model_pool:
             raise ConfigError("model_init='shared' needs one model for every client; model_pool='hetero' gives each its own")
+        if self.stage_workers > 1 and self.engine != "stacked":
+            raise ConfigError(f"stage_workers={self.stage_workers} shares the stacked engine's stages between processes: set engine='stacked'")
 
     @property
     def criteria(self) -> tuple[str, ...]:

@@ -5,7 +5,10 @@
 # %% ../../nbs/20a_opfgl_stacked.ipynb #113b0bdf
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -175,7 +178,6 @@ class StackedOpFGL(StackedClients):
         cids = list(messages)
         if rnd == 1:
             return {k: self.clients[k].statistics() for k in cids}
-        active = torch.zeros(self.params.K, dtype=torch.bool); active[cids] = True
         first = messages[cids[0]]
         if "init_state" in first: self.params.load(cids, [messages[k]["init_state"] for k in cids])   # model_init='shared'
         graph = None
@@ -183,14 +185,57 @@ class StackedOpFGL(StackedClients):
             graph = surrogate_from_sums(first, self.spec.in_dim, self.config, int(first["graph_seed"]))
         elif "x" in first:
             graph = SurrogateGraph.from_message(first)
+        groups = self.worker_groups(cids)
+        if len(groups) == 1: self.stages(graph, cids)
+        else: self.stages_forked(graph, groups)
+        flat = self.params.flat()
+        for k in cids: load_flat_state(self.clients[k].model, flat[k])       # the clients' models hold their final weights
+        return {k: {} for k in cids}
+
+    def stages(self, graph: SurrogateGraph | None, cids: list[int]) -> None:
+        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph)."
+        active = torch.zeros(self.params.K, dtype=torch.bool); active[cids] = True
         if graph is None:
             for k in cids: self.clients[k].log.update(surrogate="none")
             self.stage2(active, distill=False)
         else:
             self.stage1(graph, active)
             self.stage2(active)
-        flat = self.params.flat()
-        for k in cids: load_flat_state(self.clients[k].model, flat[k])       # the clients' models hold their final weights
-        return {k: {} for k in cids}
+
+    def worker_groups(self, cids: list[int]) -> list[list[int]]:
+        "The clients split between `config.stage_workers` processes, of about equal total size (largest client first, each to the lightest group), each group in client order; one group where forking is not possible (an accelerator, or no `fork` start method)."
+        parts = min(self.config.stage_workers, len(cids))
+        if parts == 1 or self.stack.x.device.type != "cpu" or "fork" not in multiprocessing.get_all_start_methods():
+            return [list(cids)]
+        groups, load = [[] for _ in range(parts)], [0] * parts
+        for k in sorted(cids, key=lambda k: -int(self.stack.sizes[k])):
+            j = load.index(min(load)); groups[j].append(k); load[j] += int(self.stack.sizes[k])
+        return [sorted(g) for g in groups if g]
+
+    def stages_forked(self, graph: SurrogateGraph | None, groups: list[list[int]]) -> None:
+        "`stages` of the first group here and of each other group in a forked copy of this process, at the same time; the copies send their clients' weights and logs back. A client's result does not depend on which others share its stack, so it is the one `stages` gives it in one process (20a checks that)."
+        ctx, children = multiprocessing.get_context("fork"), []
+        for g in groups[1:]:
+            receive, send = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=self._stages_child, args=(graph, g, send), daemon=True)
+            child.start(); send.close()
+            children.append((child, receive, g))
+        self.stages(graph, groups[0])
+        for child, receive, g in children:
+            status, payload = pickle.loads(receive.recv_bytes())     # by value (torch's reducers would share memory the child frees)
+            child.join()
+            if status == "error": raise RuntimeError(f"the stage worker of clients {g} failed:\n{payload}")
+            flat, logs = payload
+            self.params.load(g, list(flat))
+            for k, log in zip(g, logs): self.clients[k].log = log
+
+    def _stages_child(self, graph, cids, send) -> None:
+        try:
+            self.stages(graph, cids)
+            send.send_bytes(pickle.dumps(("ok", (self.params.flat()[cids].clone(), [self.clients[k].log for k in cids]))))
+        except BaseException:
+            send.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        finally:
+            send.close()
 
 OpFGLClient.stacked = StackedOpFGL
