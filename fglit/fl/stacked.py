@@ -155,6 +155,8 @@ def _fused_adam_works(device, dtype) -> bool:
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
 
+_ADAM_CHUNK = 64        # floats: a whole number of any CPU vector width (AVX-512 holds 16)
+
 class StackedParams:
     "One model's parameters for `K` clients as tensors `[K, *shape]`, in the order of the model's `flat_state`, with per-client Adam/SGD state."
     def __init__(self, spec: ModelSpec, init: list[Tensor], config):
@@ -182,7 +184,13 @@ class StackedParams:
             ps, gs = [take(self.tensors[i].detach()) for i in with_grad], [take(self.tensors[i].grad) for i in with_grad]
             ms, vs = [take(self.m[i]) for i in with_grad], [take(self.v[i]) for i in with_grad]
             step = torch.tensor(float(t + 1), device=self.steps.device)
-            torch._fused_adam_(ps, gs, ms, vs, [], [step] * len(ps), lr=self.lr, beta1=betas[0], beta2=betas[1],
+            # the kernel takes a tensor in vector-wide chunks and its last few elements one by one, and the two paths can round
+            # differently: a parameter whose per-client size is not a whole number of chunks goes in client by client, so each
+            # client's values take the path they take in the client's own model, whatever the stack
+            split = [self.sizes[i] % _ADAM_CHUNK != 0 for i in with_grad]
+            per_client = lambda ts: [u for t, s in zip(ts, split) for u in (t.unbind(0) if s else (t,))]
+            ps_, gs_, ms_, vs_ = per_client(ps), per_client(gs), per_client(ms), per_client(vs)
+            torch._fused_adam_(ps_, gs_, ms_, vs_, [], [step] * len(ps_), lr=self.lr, beta1=betas[0], beta2=betas[1],
                                weight_decay=self.wd, eps=eps, amsgrad=False, maximize=False)
             if rows is not None:
                 for j, i in enumerate(with_grad):
