@@ -220,7 +220,11 @@ class StackedOpFGL(StackedClients):
             child = ctx.Process(target=self._stages_child, args=(graph, g, send), daemon=True)
             child.start(); send.close()
             children.append((child, receive, g))
-        self.stages(graph, groups[0])
+        try:
+            self.stages(graph, groups[0])
+        except BaseException:                  # do not leave the copies waiting to send
+            for child, _, _ in children: child.terminate()
+            raise
         for child, receive, g in children:
             status, payload = pickle.loads(receive.recv_bytes())     # by value (torch's reducers would share memory the child frees)
             child.join()
