@@ -108,10 +108,11 @@ class StackedOpFGL(StackedClients):
         t0 = time.perf_counter()
         def make_loss():                               # every client in the current stack on its copy of the surrogate graph
             surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
-            every = torch.ones(self.params.K, dtype=torch.bool, device=graph.x.device)
+            # every row is a training node (copies of one graph: no padding), so `train_loss`'s mask would select them all
+            y, per_row = surrogate.y, surrogate.num_train[surrogate.client].to(graph.x.dtype)
             def loss():
                 _, logits = self.forward(stack=surrogate)
-                return self.train_loss(logits, every, stack=surrogate)
+                return (F.cross_entropy(logits.reshape(-1, logits.size(-1)), y, reduction="none") / per_row).sum()
             return loss
         its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active)
         val, took = self.val_accuracy(), time.perf_counter() - t0
