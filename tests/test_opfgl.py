@@ -470,3 +470,34 @@ def test_stage_workers_need_the_stacked_engine_and_split_clients_by_size():
     assert sorted(map(len, StackedOpFGL.worker_groups(fake, [0, 1, 2]))) == [1, 1, 1]
     fake.config.stage_workers = 1
     assert StackedOpFGL.worker_groups(fake, [0, 1, 2]) == [[0, 1, 2]]
+
+
+@given(n=st.integers(2, 6), F_=st.integers(1, 9), hidden=st.integers(1, 8), seed=st.integers(0, 10_000))
+@settings(max_examples=30, deadline=None)
+def test_link_predictor_forward_is_its_modules_bit_for_bit(n, F_, hidden, seed):
+    "The functional forward (no nn.Module calls) gives the logits and gradients of the layers called as modules."
+    torch.manual_seed(seed)
+    g = LinkPredictor(F_, hidden)
+    x = torch.randn(n, F_, requires_grad=True)
+    pairs = (g.a(x).unsqueeze(1) + g.b(x).unsqueeze(0)).reshape(n * n, -1)
+    ref = g.rest(pairs).view(n, n)
+    ref = (ref + ref.T) / 2
+    (gx_ref,) = torch.autograd.grad(ref.sin().sum(), x)
+    out = g(x)
+    (gx,) = torch.autograd.grad(out.sin().sum(), x)
+    assert torch.equal(out, ref) and torch.equal(gx, gx_ref)
+
+
+@given(C=st.integers(2, 7), D=st.integers(1, 9), seed=st.integers(0, 10_000))
+def test_one_node_per_class_alignment_is_the_class_mean_formula_bit_for_bit(C, D, seed):
+    "With node c the only node of class c (the surrogate graph's default), its own row is its class mean: the per-class term the surrogate takes directly equals class_alignment's, value and gradient."
+    g = torch.Generator().manual_seed(seed)
+    target_mean, target_std = torch.randn(C, D, generator=g), torch.rand(C, D, generator=g)
+    feats = torch.randn(C, D, generator=g)
+    a, b = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    direct = (a - target_mean).pow(2).mean(1)
+    general = class_alignment(b, torch.arange(C), C, target_mean, target_std, None)
+    assert torch.equal(direct, general)
+    w = torch.rand(C, generator=g)
+    (w * direct).sum().backward(); (w * general).sum().backward()
+    assert torch.equal(a.grad, b.grad)
