@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fedavg import FedAvgClient, FedAvgServer
-from ..federation import ConfigError, FedConfig, LocalData, Message, ModelSpec, register_algorithm
+from ..federation import ConfigError, FedConfig, LocalData, Message, ModelSpec, fused_optimizer, register_algorithm
 from ..fl.messages import WEIGHTED_PARAMS
 from ..models import SPARSE_INPUT_DENSITY, Dropout, SparseOperand, adjacency, spmm
 from ..fl.config import setting
@@ -274,12 +274,8 @@ class AdaFGLClient(FedAvgClient):
         self.personal = AdaFGLPersonal(g.x, adj, P, links, hcs, c.prop_steps, c.hidden, c.dropout, c.homo_layers, c.hete_layers,
                                        c.beta, c.fusion).to(P.device)
         self.train_index = masks["train"].nonzero().view(-1)
-        try:
-            self.personal_optimizer = torch.optim.Adam(self.personal.parameters(), lr=c.personal_lr,
-                                                       weight_decay=c.personal_weight_decay, fused=True)
-        except (RuntimeError, ValueError):
-            self.personal_optimizer = torch.optim.Adam(self.personal.parameters(), lr=c.personal_lr,
-                                                       weight_decay=c.personal_weight_decay)
+        self.personal_optimizer = fused_optimizer(torch.optim.Adam, self.personal.parameters(), lr=c.personal_lr,
+                                                  weight_decay=c.personal_weight_decay)
         self.stats = dict(client=self.cid, nodes=n, edges=int(g.edge_index.size(1)), knowledge_edges=int(K.size(1)),
                           train=int(self.train_index.numel()), hcs=hcs)
         return self.personal

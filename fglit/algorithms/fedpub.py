@@ -17,8 +17,8 @@ from torch_geometric.data import Data
 
 from .personalisation import GraphPFLConfig, PersonalisedServer, cosine_matrix, personalise, similarity_weights
 from ..core import get_device
-from ..federation import (Batch, Client, ConfigError, FedConfig, Message, flat_state, load_flat_state,
-                              register_algorithm)
+from ..federation import (Batch, Client, ConfigError, FedConfig, Message, flat_state, fused_optimizer,
+                              load_flat_state, register_algorithm)
 from ..fl.config import setting
 
 # %% auto #0
@@ -166,11 +166,7 @@ def _share(masked: MaskedModel, model: nn.Module) -> MaskedModel:
 
 # %% ../../nbs/15_fedpub.ipynb #ce206607
 def _optimizer(groups: list[dict], config: FedConfig) -> torch.optim.Optimizer:
-    kind = torch.optim.SGD if config.optimizer == "sgd" else torch.optim.Adam
-    try:
-        return kind(groups, lr=config.lr, fused=True)
-    except (RuntimeError, ValueError):
-        return kind(groups, lr=config.lr)
+    return fused_optimizer(torch.optim.SGD if config.optimizer == "sgd" else torch.optim.Adam, groups, lr=config.lr)
 
 class FedPUBClient(Client):
     "Trains theta_i and its private mask mu_i on CE + lambda1 ||mu||_1 + lambda2 ||theta - theta_bar||^2; uploads theta_i (and h_i)."
