@@ -85,19 +85,19 @@ def cora_clients():
 @settings(max_examples=15, deadline=None)
 @given(picked=st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True))
 def test_a_selected_stack_holds_the_blocks_of_its_clients(cora_clients, picked):
-    "`ClientStack.select(ks)` is the stack of those clients with the same padding: every per-row tensor is `rows_of` the full one, the adjacency its diagonal blocks."
+    "`ClientStack.select(ks)` is the stack of those clients, padded to the largest of them: every per-row tensor is `rows_of` the full one, the adjacency its diagonal blocks cut to that padding."
     import torch
     from fglit.fl.stacked import ClientStack
     _, data = cora_clients
     full = ClientStack(data)
     sub, ks = full.select(picked), torch.tensor(picked)
-    assert sub.n_max == full.n_max and sub.num_clients == len(picked)
+    assert sub.n_max == int(full.sizes[ks].max()) <= full.n_max and sub.num_clients == len(picked)
     assert torch.equal(sub.x, full.rows_of(full.x, ks)) and torch.equal(sub.y, full.rows_of(full.y, ks))
     for split in ("train", "val", "test"):
         assert torch.equal(sub.masks[split], full.rows_of(full.masks[split], ks))
     assert torch.equal(sub.num_train, full.num_train[ks]) and torch.equal(sub.sizes, full.sizes[ks])
     dense, n = full.adj.matrix.to_dense(), full.n_max
-    blocks = [dense[k * n:(k + 1) * n, k * n:(k + 1) * n] for k in picked]
+    blocks = [dense[k * n:k * n + sub.n_max, k * n:k * n + sub.n_max] for k in picked]
     assert torch.equal(sub.adj.matrix.to_dense(), torch.block_diag(*blocks))
 
 

@@ -271,9 +271,9 @@ def pair_similarity(x: Tensor) -> Tensor:
     "$s_{ij} = \\mathrm{mean}_d\\, e^{-(x_{id}-x_{jd})^2/2}$ for every pair of rows of `x` (`[n, n]`, differentiable)."
     return _PairSimilarity.apply(x)
 
-def smoothness_loss(x: Tensor, adj: Tensor, form: str = "penalty") -> Tensor:
-    "$\\sum A'_{ij}(1 - s_{ij}) / \\sum A'_{ij}$ with $s_{ij} = \\mathrm{mean}_d e^{-(x_{id}-x_{jd})^2/2}$; `form='similarity'`: $\\sum A'_{ij} s_{ij} / \\sum A'_{ij}$ ([code])."
-    sim = pair_similarity(x)
+def smoothness_loss(x: Tensor, adj: Tensor, form: str = "penalty", sim: Tensor | None = None) -> Tensor:
+    "$\\sum A'_{ij}(1 - s_{ij}) / \\sum A'_{ij}$ with $s_{ij} = \\mathrm{mean}_d e^{-(x_{id}-x_{jd})^2/2}$; `form='similarity'`: $\\sum A'_{ij} s_{ij} / \\sum A'_{ij}$ ([code]). `sim`: $s$ when the caller has it (then no gradient reaches `x` through it)."
+    sim = pair_similarity(x) if sim is None else sim
     return (adj * (sim if form == "similarity" else 1 - sim)).sum() / adj.sum().clamp_min(1e-12)
 
 def surrogate_class_sizes(count_labeled: Tensor, present: Tensor, config: OpFGLConfig) -> Tensor:
@@ -350,7 +350,7 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         a = torch.sigmoid(link(x)) * off_diag
         return torch.where(a >= config.edge_eps, a, 0.0)
 
-    def losses(x):
+    def losses(x, sim=None):
         a = graph(x)
         prop = dense_gcn_norm(a, eye)
         hops, h = [x], x
@@ -360,14 +360,16 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         per_class = ((feats - target_mean).pow(2).mean(1) if one_each
                      else class_alignment(feats, y, C, target_mean, target_std, multi))
         align = (class_weight * per_class).sum()
-        smooth = smoothness_loss(x, a, config.smoothness)
+        smooth = smoothness_loss(x, a, config.smoothness, sim)
         return align, smooth
 
     history, edge_params = [], list(link.parameters())
     link.train()
     for it in range(config.surrogate_iters):
         edge_step = (it % config.surrogate_block) < config.surrogate_edge_steps
-        align, smooth = losses(x)
+        if edge_step and it % config.surrogate_block == 0:      # x stays as it is through a block's edge steps, and so does s
+            with torch.no_grad(): sim = pair_similarity(x)
+        align, smooth = losses(x, sim if edge_step else None)
         loss = config.align_weight * align + config.smooth_weight * smooth
         # only the gradients the step uses: the edge model's on edge steps, the features' otherwise
         stepped, opt = (edge_params, opt_g) if edge_step else ([x], opt_x)

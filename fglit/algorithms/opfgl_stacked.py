@@ -20,7 +20,34 @@ from ..federation import ConfigError, flat_state, load_flat_state
 from ..fl.stacked import ClientStack, StackedClients
 
 # %% auto #0
-__all__ = ['StackedOpFGL']
+__all__ = ['stage2_loss', 'StackedOpFGL']
+
+# %% ../../nbs/20a_opfgl_stacked.ipynb #f9b24ec2
+class _Stage2Loss(torch.autograd.Function):
+    "Stage 2's CE + node-adaptive distillation over a stack's rows `read` (see `stage2_loss`), its gradient in closed form."
+    @staticmethod
+    def forward(ctx, flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size):
+        logp_t = F.log_softmax(flat.index_select(0, read).t().contiguous(), 0)     # class-major, as `row_log_softmax`
+        logp = logp_t.t()
+        per = -logp.index_select(0, sup_at).gather(1, y_sup).squeeze(1)
+        kl = (t_p * (t_logp - logp)).sum(-1)
+        ctx.save_for_backward(logp_t, read, sup_at, y_sup, n_sup, t_p, lam, size)
+        ctx.rows = flat.size(0)
+        return (per / n_sup).sum() + (lam * kl / size).sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logp_t, read, sup_at, y_sup, n_sup, t_p, lam, size = ctx.saved_tensors
+        g = -(t_p * ((grad / size) * lam).unsqueeze(1))                          # d/dlog p of the distillation term
+        ce = torch.zeros_like(g).index_put_((sup_at, y_sup.squeeze(1)), -(grad / n_sup), accumulate=True)
+        g_t = torch._log_softmax_backward_data((g + ce).t(), logp_t, 0, logp_t.dtype)
+        out = g_t.new_zeros(ctx.rows, g_t.size(0)).index_copy_(0, read, g_t.t())
+        return out, *([None] * 8)
+
+def stage2_loss(flat: Tensor, read: Tensor, sup_at: Tensor, y_sup: Tensor, n_sup: Tensor, t_p: Tensor, t_logp: Tensor,
+                lam: Tensor, size: Tensor) -> Tensor:
+    "$L$ above from a stack's logits `flat` (`[rows, C]`): `read` the rows of $R$; `sup_at` where the training rows sit among them, `y_sup` (`[n, 1]`) their labels and `n_sup` their client's training count; per row of `read`, the teacher's `t_p`/`t_logp`, $\\lambda$ (`lam`) and the client's node count (`size`)."
+    return _Stage2Loss.apply(flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size)
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #8d641de4
 class StackedOpFGL(StackedClients):
@@ -94,7 +121,7 @@ class StackedOpFGL(StackedClients):
         return its
 
     def _narrow(self, full_params, full_stack, clients: Tensor | None) -> Tensor:
-        "Train only `clients` (indices among all; None: all again) from here: what the current stack trained goes back into `full_params`, and `self.params`/`self.stack` become those clients' (padded as before, so their per-node arrays are blocks of the full ones: `ClientStack.rows_of`)."
+        "Train only `clients` (indices among all; None: all again) from here: what the current stack trained goes back into `full_params`, and `self.params`/`self.stack` become those clients' (padded to the largest of them: their per-node arrays are `ClientStack.rows_of` the full ones)."
         if self.running is not None: full_params.put(self.running.to(full_params.steps.device), self.params)
         self.running = clients
         if clients is None:
@@ -142,6 +169,7 @@ class StackedOpFGL(StackedClients):
             self.clients[k].log.update(stage2_iters=0, lambda_mean=0.0, stage2_s=0.0)
         active = active & ~idle
         real = torch.zeros(K * s.n_max, dtype=torch.bool, device=s.x.device); real[s.rows] = True
+        fused = mode != "none" and c.finetune_loss == "ce"      # CE + distillation (the default): `stage2_loss`
 
         def make_loss():                               # the clients of the current stack (`self.running` of them) on their own graphs
             st, part = self.stack, (lambda v: v) if self.running is None else (lambda v: s.rows_of(v, self.running.to(v.device)))
@@ -159,6 +187,7 @@ class StackedOpFGL(StackedClients):
             def loss():
                 _, logits = self.forward()
                 flat = logits.reshape(-1, logits.size(-1))
+                if fused: return stage2_loss(flat, read, sup_at, y_sup, n_sup, t_p_k, t_logp_k, lam_k, size_k)
                 logp = row_log_softmax(flat.index_select(0, read))    # one log-softmax for the CE and the KL
                 if c.finetune_loss == "focal":
                     per = focal_loss(flat.index_select(0, rows), y_sup.squeeze(1), c.focal_gamma, reduction="none")

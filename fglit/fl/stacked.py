@@ -67,12 +67,13 @@ class ClientStack:
                                                      check_invariants=False))
 
     def select(self, clients: list[int]) -> "ClientStack":
-        "The stack of only `clients` (in that order), padded as this one: client `clients[j]`'s rows here are its rows there, block `j` instead of block `clients[j]` (see `rows_of`)."
-        return ClientStack([self.data[k] for k in clients], n_max=self.n_max)
+        "The stack of only `clients` (in that order), padded to the largest of them: client `clients[j]`'s node `i` is row `j * n_max' + i` (see `rows_of`). A client's rows come first in its block and the padding is zeros, so the smaller padding leaves every real row's values as they are and saves the dense layers' work on padding rows."
+        return ClientStack([self.data[k] for k in clients])
 
     def rows_of(self, values: Tensor, clients: Tensor) -> Tensor:
-        "The blocks of `clients` of a per-row tensor of this stack (`[K n_max, ...]`), stacked in that order: the same tensor of `select(clients)`."
-        return values.view(self.num_clients, self.n_max, *values.shape[1:])[clients].reshape(-1, *values.shape[1:])
+        "The blocks of `clients` of a per-row tensor of this stack (`[K n_max, ...]`), stacked in that order and each cut to the padding of `select(clients)`: the same tensor of that stack."
+        n = max(1, int(self.sizes[clients.to(self.sizes.device)].max()))
+        return values.view(self.num_clients, self.n_max, *values.shape[1:])[clients, :n].reshape(-1, *values.shape[1:])
 
     @classmethod
     def replicate(cls, x: Tensor, edge_index: Tensor, y: Tensor, copies: int, edge_weight: Tensor | None = None) -> "ClientStack":
