@@ -155,3 +155,22 @@ def test_opfgl_stacked_narrows_to_the_running_clients_and_matches_sequential():
     assert seq.stage1_iters.nunique() > 1 or seq.stage2_iters.nunique() > 1      # clients stopped at different steps
     assert any(n is not None and n < 6 for n in narrowed)                       # ... and the stack went on without them
     pd.testing.assert_frame_equal(seq, stk, check_exact=False, atol=1e-6)
+
+
+@pytest.mark.parametrize("setting", [dict(lambda_mode="fixed"), dict(lambda_mode="none"), dict(finetune_loss="focal")])
+def test_opfgl_stacked_stage2_variants_match_sequential(setting):
+    "Stage 2's other losses (fixed lambda and the default CE through `stage2_loss`; plain fine-tuning and focal loss through autograd) give every client the sequential engine's iterations and validation accuracy."
+    from fglit.data import load_dataset
+    from fglit.federation import get_algorithm, make_config, simulate
+    from fglit.partition import partition
+    ds, algo = load_dataset("Cora"), get_algorithm("opfgl")
+    part = partition(ds, "louvain+", 5, seed=1)
+    logs = {}
+    for engine in ("sequential", "stacked"):
+        cfg = make_config(algo.config, {**algo.defaults_for("Cora", "louvain+"), "surrogate_iters": 50, "stage1_iters": 100,
+                                        "finetune_iters": 200, "finetune_lr": 5e-3, "eval_interval": 20, "patience": 2, "engine": engine,
+                                        **setting})
+        def keep(rnd, server, clients, engine=engine): logs[engine] = pd.DataFrame([c.log for c in clients])
+        simulate(algo, part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=1, progress=False, callback=keep)
+    cols = ["stage2_iters", "stage2_val", "lambda_mean"]
+    pd.testing.assert_frame_equal(logs["sequential"][cols], logs["stacked"][cols], check_exact=False, atol=1e-6)

@@ -97,22 +97,25 @@ class StackedOpFGL(StackedClients):
             local = who[here].nonzero().squeeze(1)
             state[here[local].to(state.device)] = self.params.flat()[local.to(state.device)]; has_state[who] = True
 
-        loss_fn, every = make_loss(), torch.ones(K, dtype=torch.bool, device=self.stack.x.device)   # every client of the stack trains
+        loss_fn, n_running, last = make_loss(), int(running.sum()), 0
         for it in range(1, iters + 1):
-            if not bool(running.any()): break
-            if int(running.sum()) < len(here):              # some stopped (or never trained): go on without them
+            if n_running == 0: break
+            if n_running < len(here):                       # some stopped (or never trained): go on without them
                 here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
-                loss_fn, every = make_loss(), torch.ones(len(here), dtype=torch.bool, device=self.stack.x.device)
+                loss_fn = make_loss()
             self.params.zero_grad()
             loss_fn().backward()
-            self.params.step(every)
-            its[running] = it
+            self.params.step()                               # every client of the stack trains
+            last = it
             if it % c.eval_interval == 0:
                 who = running.clone()
                 check(who)
                 stop = who & (bad >= c.patience)
                 keep(stop & ~has_state)               # strict, never above 0: kept as trained up to here
+                its[stop] = it
                 running &= ~stop
+                n_running = int(running.sum())
+        its[running] = last                                  # the ones that ran to the end
         here = self._narrow(full_params, full_stack, None)
         final = active & ((checks == 0) | (its % c.eval_interval != 0))
         if bool(final.any()): check(final)

@@ -172,31 +172,45 @@ class StackedParams:
         self.v = [torch.zeros_like(t) for t in self.tensors] if self.kind == "adam" else []
         self.steps = torch.zeros(self.K, dtype=torch.long, device=flat.device)
         self._fused = self.kind == "adam" and _fused_adam_works(flat.device, flat.dtype)   # the kernel the sequential clients' Adam runs
+        # the kernel takes a tensor in vector-wide chunks and its last few elements one by one, and the two paths can round
+        # differently: a parameter whose per-client size is not a whole number of chunks goes in client by client, so each
+        # client's values take the path they take in the client's own model, whatever the stack
+        self._split = [s % _ADAM_CHUNK != 0 for s in self.sizes]
+        self._common_step: int | None = 0      # every client's step count while they are all the same (None: not known)
+        self._in_place: dict = {}              # the kernel's lists of parameters and state for an in-place step, kept (they are views)
 
-    def _fused_step(self, active: Tensor, betas, eps) -> None:
-        "Adam with torch's fused kernel, the one the sequential clients' optimizers run: one call per group of active clients at the same step count (in place when that is every client)."
-        with_grad = [i for i, p in enumerate(self.tensors) if p.grad is not None]
-        if bool(active.all()) and bool((self.steps == self.steps[0]).all()):
-            groups = [(None, int(self.steps[0]))]
+    def _per_client(self, tensors: list[Tensor], which: tuple[int, ...]) -> list[Tensor]:
+        "The kernel's list: parameter `which[j]`'s stacked tensor `tensors[j]` whole, or client by client where it must be split."
+        return [u for t, i in zip(tensors, which) for u in (t.unbind(0) if self._split[i] else (t,))]
+
+    def _fused_step(self, active: Tensor | None, betas, eps) -> None:
+        "Adam with torch's fused kernel, the one the sequential clients' optimizers run: one call per group of active clients at the same step count (in place when that is every client, which `active=None` says without a check)."
+        with_grad = tuple(i for i, p in enumerate(self.tensors) if p.grad is not None)
+        every = active is None or bool(active.all())
+        if every and self._common_step is None and bool((self.steps == self.steps[0]).all()): self._common_step = int(self.steps[0])
+        if every and self._common_step is not None:
+            groups = [(None, self._common_step)]
         else:
-            groups = [((active & (self.steps == t)).nonzero().squeeze(1), t) for t in torch.unique(self.steps[active]).tolist()]
+            act = torch.ones(self.K, dtype=torch.bool, device=self.steps.device) if active is None else active
+            groups = [((act & (self.steps == t)).nonzero().squeeze(1), t) for t in torch.unique(self.steps[act]).tolist()]
         for rows, t in groups:
-            take = (lambda s: s) if rows is None else (lambda s: s.index_select(0, rows))
-            ps, gs = [take(self.tensors[i].detach()) for i in with_grad], [take(self.tensors[i].grad) for i in with_grad]
-            ms, vs = [take(self.m[i]) for i in with_grad], [take(self.v[i]) for i in with_grad]
             step = torch.tensor(float(t + 1), device=self.steps.device)
-            # the kernel takes a tensor in vector-wide chunks and its last few elements one by one, and the two paths can round
-            # differently: a parameter whose per-client size is not a whole number of chunks goes in client by client, so each
-            # client's values take the path they take in the client's own model, whatever the stack
-            split = [self.sizes[i] % _ADAM_CHUNK != 0 for i in with_grad]
-            per_client = lambda ts: [u for t, s in zip(ts, split) for u in (t.unbind(0) if s else (t,))]
-            ps_, gs_, ms_, vs_ = per_client(ps), per_client(gs), per_client(ms), per_client(vs)
-            torch._fused_adam_(ps_, gs_, ms_, vs_, [], [step] * len(ps_), lr=self.lr, beta1=betas[0], beta2=betas[1],
-                               weight_decay=self.wd, eps=eps, amsgrad=False, maximize=False)
+            gs = [self.tensors[i].grad if rows is None else self.tensors[i].grad.index_select(0, rows) for i in with_grad]
+            if rows is None:                   # in place: the lists of views are made once
+                if with_grad not in self._in_place:
+                    self._in_place[with_grad] = [self._per_client([s[i].detach() for i in with_grad], with_grad) for s in (self.tensors, self.m, self.v)]
+                ps_, ms_, vs_ = self._in_place[with_grad]
+            else:
+                ps, ms, vs = ([s[i].detach().index_select(0, rows) for i in with_grad] for s in (self.tensors, self.m, self.v))
+                ps_, ms_, vs_ = (self._per_client(s, with_grad) for s in (ps, ms, vs))
+            torch._fused_adam_(ps_, self._per_client(gs, with_grad), ms_, vs_, [], [step] * len(ps_), lr=self.lr, beta1=betas[0],
+                               beta2=betas[1], weight_decay=self.wd, eps=eps, amsgrad=False, maximize=False)
             if rows is not None:
                 for j, i in enumerate(with_grad):
                     self.tensors[i].detach().index_copy_(0, rows, ps[j]); self.m[i].index_copy_(0, rows, ms[j]); self.v[i].index_copy_(0, rows, vs[j])
-        self.steps += active.long()
+        if active is None: self.steps += 1
+        else: self.steps += active.long()
+        self._common_step = self._common_step + 1 if every and self._common_step is not None else None
 
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.names, self.tensors))
@@ -209,6 +223,7 @@ class StackedParams:
         sub.tensors = [t.detach()[rows].clone().requires_grad_(True) for t in self.tensors]
         sub.m, sub.v = [t[rows].clone() for t in self.m], [t[rows].clone() for t in self.v]
         sub.steps = self.steps[rows].clone()
+        sub._in_place = {}                     # its own tensors; a subset of clients in step is in step
         return sub
 
     @torch.no_grad()
@@ -217,6 +232,7 @@ class StackedParams:
         for mine, theirs in zip(self.tensors + self.m + self.v, sub.tensors + sub.m + sub.v):
             mine.detach().index_copy_(0, rows, theirs.detach())
         self.steps.index_copy_(0, rows, sub.steps)
+        self._common_step = None
 
     def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
         "`[K, P]` rows (as `flat` gives) as named stacked tensors (views)."
@@ -245,13 +261,15 @@ class StackedParams:
         if lr is not None: self.lr = lr
         for t in self.m + self.v: t.zero_()
         self.steps.zero_()
+        self._common_step = 0
 
     @torch.no_grad()
-    def step(self, active: Tensor, betas=(0.9, 0.999), eps=1e-8) -> None:
-        "One optimizer step for the clients where `active` (`[K]` bool) holds; the others are left exactly as they are."
+    def step(self, active: Tensor | None = None, betas=(0.9, 0.999), eps=1e-8) -> None:
+        "One optimizer step for the clients where `active` (`[K]` bool) holds (None: every client); the others are left exactly as they are."
         if self._fused:
             self._fused_step(active, betas, eps)
             return
+        if active is None: active = torch.ones(self.K, dtype=torch.bool, device=self.steps.device)
         idx = None if bool(active.all()) else active.nonzero().squeeze(1)     # all active: in place, no gathering
         self.steps += active.long()
         t = (self.steps if idx is None else self.steps[idx]).to(self.tensors[0].dtype)
