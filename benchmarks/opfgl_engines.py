@@ -3,6 +3,7 @@ per seed: the issue's target is <= 10 s per seed on 2 cores at the same accuracy
 
     .venv/bin/python benchmarks/opfgl_engines.py                 # seeds 0 1 2, sequential and stacked
     .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2   # and stacked with its stages in 2 processes
+    .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2 --surrogate-kernels torch c   # and each with the surrogate graph in C
     .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out /tmp/o.csv --set surrogate_iters=50 stage1_iters=50 finetune_iters=50
 
 Appends one row per (seed, engine) to results/bench/opfgl_engines.csv: simulation wall time (statistics, the server's
@@ -31,6 +32,8 @@ def main() -> int:
     ap.add_argument("--engines", nargs="+", default=["sequential", "stacked"], choices=["sequential", "stacked"])
     ap.add_argument("--stage-workers", type=int, nargs="+", default=[1], metavar="N",
                     help="the stacked engine once per N: its two stages shared by N forked processes (O-pFGL's stage_workers)")
+    ap.add_argument("--surrogate-kernels", nargs="+", default=["torch"], choices=["torch", "c"],
+                    help="the stacked engine once per kernel of the surrogate graph (O-pFGL's surrogate_kernel; 'c' compiles a small C routine)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="O-pFGL settings over the paper's (e.g. shorter schedules for a smoke run)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "opfgl_engines.csv")
     o = ap.parse_args()
@@ -47,16 +50,18 @@ def main() -> int:
     algo = get_algorithm("opfgl")
     for seed in o.seeds:
         part = partition(ds, o.partition, o.clients, seed=seed)
-        for engine, workers in [(e, w) for e in o.engines for w in (o.stage_workers if e == "stacked" else [1])]:
+        runs = [(e, w, k) for e in o.engines for k in (o.surrogate_kernels if e == "stacked" else ["torch"])
+                for w in (o.stage_workers if e == "stacked" else [1])]
+        for engine, workers, kernel in runs:
             config = make_config(algo.config, {**algo.defaults_for(ds.name, o.partition), **extra, "engine": engine,
-                                               "stage_workers": workers})
+                                               "stage_workers": workers, "surrogate_kernel": kernel})
             box = {}
             t = time.perf_counter()
             r = simulate(algo, part.clients, ds.task, ds.num_features, ds.num_classes, config, seed=seed, progress=False,
                          callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
-                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, device=device_name(),
+                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, surrogate_kernel=kernel, device=device_name(),
                        simulate_s=time.perf_counter() - t,
                        surrogate_s=box["server"].graph.seconds if box["server"].graph is not None else 0.0,
                        # each stage's wall time: the clients' one after another (sequential), or their one shared stage (stacked)

@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -501,3 +502,53 @@ def test_one_node_per_class_alignment_is_the_class_mean_formula_bit_for_bit(C, D
     w = torch.rand(C, generator=g)
     (w * direct).sum().backward(); (w * general).sum().backward()
     assert torch.equal(a.grad, b.grad)
+
+
+def _cora_class_statistics():
+    from fglit.data import load_dataset
+    from fglit.graph_preprocessing import adjacency
+    g = load_dataset("Cora").data
+    feats = torch.cat([g.x, adjacency(g.edge_index, g.num_nodes, "gcn", g.x.dtype) @ g.x], 1)
+    C = int(g.y.max()) + 1
+    count = torch.bincount(g.y, minlength=C).double()
+    mean = torch.stack([feats[g.y == c].mean(0) for c in range(C)]).double()
+    var = torch.stack([feats[g.y == c].var(0) for c in range(C)]).double()
+    return mean, var, count, g.x.size(1)
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+def test_surrogate_kernel_c_follows_the_torch_path(tmp_path, monkeypatch):
+    "The C routine's surrogate graph follows the torch path's: the same losses along 300 steps (to float rounding, which the two sum in different orders)."
+    from fglit.algorithms.opfgl import OpFGLConfig, generate_surrogate
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    mean, var, count, d = _cora_class_statistics()
+    runs = {k: generate_surrogate(mean, var, count, count, d, OpFGLConfig(surrogate_iters=300, surrogate_kernel=k), seed=0, log_every=10)
+            for k in ("torch", "c")}
+    t, c = (pd.DataFrame(runs[k].history) for k in ("torch", "c"))
+    assert len(t) == len(c) == 31 and t.iteration.equals(c.iteration)
+    for col in ("align", "smooth", "loss"):
+        assert ((t[col] - c[col]).abs() <= 1e-4 * t[col].abs() + 1e-9).all(), col
+    assert torch.allclose(runs["torch"].x, runs["c"].x, atol=1e-4)
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+def test_surrogate_kernel_c_hands_what_it_does_not_cover_to_torch(tmp_path, monkeypatch):
+    "Two nodes per class are not the routine's: a warning says so and the torch path builds the graph (the same graph as asking for torch)."
+    from fglit.algorithms.opfgl import OpFGLConfig, generate_surrogate
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    mean, var, count, d = _cora_class_statistics()
+    with pytest.warns(UserWarning, match="surrogate_kernel='c' does not cover"):
+        c = generate_surrogate(mean, var, count, count, d, OpFGLConfig(surrogate_iters=20, surrogate_nodes_per_class=2, surrogate_kernel="c"), seed=0)
+    t = generate_surrogate(mean, var, count, count, d, OpFGLConfig(surrogate_iters=20, surrogate_nodes_per_class=2), seed=0)
+    assert torch.equal(c.x, t.x) and torch.equal(c.edge_weight, t.edge_weight)
+
+
+def test_surrogate_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
+    "With no C compiler to be found, asking for the C routine ends in one clear error naming what is missing."
+    import fglit.algorithms.opfgl_kernel as K
+    from fglit.federation import ConfigError
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(K, "_LIB", None)
+    monkeypatch.setattr(K.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="needs a C compiler"):
+        K.load_kernel()

@@ -1,6 +1,7 @@
 """The stacked engine from the outside (`engine="stacked"`, fglit.fl.stacked): through `run` (the CLI passes it as
 `--set engine=stacked`), what it refuses,
 and the client-scaling benchmark on a tiny size. (The two engines' per-round equality is checked in nbs/10_fedavg.)"""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,17 +50,23 @@ def test_client_scaling_benchmark_runs_on_a_tiny_size(tmp_path):
 
 
 def test_opfgl_engines_benchmark_runs_on_a_tiny_size(tmp_path):
+    import shutil
     out = tmp_path / "opfgl.csv"
+    kernels = ["torch", "c"] if shutil.which("cc") or shutil.which("gcc") else ["torch"]     # 'c' compiles a small C routine
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "opfgl_engines.py"), "--seeds", "0", "--out", str(out),
-                           "--stage-workers", "1", "2", "--set", "surrogate_iters=20", "stage1_iters=20", "finetune_iters=20"],
-                          capture_output=True, text=True, timeout=600)
+                           "--stage-workers", "1", "2", "--surrogate-kernels", *kernels,
+                           "--set", "surrogate_iters=20", "stage1_iters=20", "finetune_iters=20"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.read_csv(out)
-    assert rows[["engine", "stage_workers"]].values.tolist() == [["sequential", 1], ["stacked", 1], ["stacked", 2]]
+    expected = [["sequential", 1, "torch"]] + [["stacked", w, k] for k in kernels for w in (1, 2)]
+    assert rows[["engine", "stage_workers", "surrogate_kernel"]].values.tolist() == expected
     assert (rows.simulate_s > 0).all()
     parts = rows[["surrogate_s", "stage1_s", "stage2_s"]]
     assert (parts > 0).all().all() and (parts.sum(axis=1) < rows.simulate_s).all()     # each part measured, within the whole
-    assert rows.accuracy.nunique() == 1        # O-pFGL has no dropout: the engines agree, in one process or two
+    torch_rows = rows[rows.surrogate_kernel == "torch"]
+    assert torch_rows.accuracy.nunique() == 1   # O-pFGL has no dropout: the engines agree, in one process or two
+    assert rows[rows.surrogate_kernel == "c"].accuracy.nunique() <= 1
 
 
 @pytest.mark.parametrize("privacy", [{"secure_aggregation": True}, {"dp_noise": 0.5, "dp_clip": 1.0, "dp_seeded_noise": True}])

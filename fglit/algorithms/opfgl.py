@@ -74,6 +74,7 @@ class OpFGLConfig(FedConfig):
     align_weight: float = 10.0
     smooth_weight: float = 0.1
     server_efficient: bool = False     # appendix G: the server sends the pooled statistics, clients build the graph
+    surrogate_kernel: Literal["torch", "c"] = "torch"   # "c": each step's loss and gradient in a small C routine (20b: CPU, one node per class, hops=1; the same maths, not the same rounding)
     # stages 1 and 2
     stage1_lr: float = setting(1e-4, gt=0.0)
     stage1_iters: int = setting(3000, ge=1)
@@ -365,10 +366,22 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
 
     history, edge_params = [], list(link.parameters())
     link.train()
+    use_c = config.surrogate_kernel == "c"
+    if use_c:                                  # 20b; settings it does not cover go the torch way, with a warning
+        from .opfgl_kernel import SurrogateKernel, check_kernel_setting
+        why = check_kernel_setting(config, one_each, device)
+        if why: warnings.warn(f"surrogate_kernel='c' does not cover this graph ({why}): the torch path builds it"); use_c = False
+        else: kernel = SurrogateKernel(x, link, target_mean, class_weight, config)
     for it in range(config.surrogate_iters):
         edge_step = (it % config.surrogate_block) < config.surrogate_edge_steps
         if edge_step and it % config.surrogate_block == 0:      # x stays as it is through a block's edge steps, and so does s
             with torch.no_grad(): sim = pair_similarity(x)
+        if use_c:
+            parts = kernel.step(want_x=not edge_step, sim=sim if edge_step else None)     # writes the grads the step uses
+            (opt_g if edge_step else opt_x).step()
+            if it % log_every == 0 or it == config.surrogate_iters - 1:
+                history.append(dict(zip(("iteration", "align", "smooth", "loss"), (it, *parts))))
+            continue
         align, smooth = losses(x, sim if edge_step else None)
         loss = config.align_weight * align + config.smooth_weight * smooth
         # only the gradients the step uses: the edge model's on edge steps, the features' otherwise
