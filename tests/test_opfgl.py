@@ -552,3 +552,12 @@ def test_surrogate_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(K.shutil, "which", lambda name: None)
     with pytest.raises(ConfigError, match="needs a C compiler"):
         K.load_kernel()
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+def test_loading_the_surrogate_kernel_leaves_floats_as_they_are(tmp_path):
+    "Loading the compiled routine must not switch the process to flushing denormal floats to zero (a library linked with -ffast-math would, and every other test's numbers would change)."
+    code = ("import torch, fglit.algorithms.opfgl_kernel as K; before = torch.tensor(1e-40).item(); K.load_kernel(); "
+            "after = torch.tensor(1e-40).item(); assert before == after > 0, (before, after); print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "FGLIT_CACHE": str(tmp_path)}, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]

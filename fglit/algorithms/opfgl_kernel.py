@@ -21,7 +21,7 @@ from torch import Tensor
 from ..federation import ConfigError
 
 # %% auto #0
-__all__ = ['SOURCE', 'load_kernel', 'SurrogateKernel', 'check_kernel_setting']
+__all__ = ['SOURCE', 'COMPILE_FLAGS', 'load_kernel', 'SurrogateKernel', 'check_kernel_setting']
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #4aed1a6a
 SOURCE = r"""#include <math.h>
@@ -207,28 +207,31 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #a308c0d3
 _LIB: ctypes.CDLL | None = None
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("FGLIT_CACHE", Path.home() / ".cache" / "fglit")) / "kernels"
 
 def load_kernel() -> ctypes.CDLL:
-    "The compiled routine (built on first use: `CC`/`cc`, `-O3 -march=native -ffast-math`, cached per source and CPU)."
+    "The compiled routine (built on first use with `CC`/`cc`: compiled with `COMPILE_FLAGS`, linked without them, cached per source, flags and CPU)."
     global _LIB
     if _LIB is not None: return _LIB
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None: raise ConfigError("surrogate_kernel='c' compiles a small C routine and needs a C compiler: none found (set CC, or use surrogate_kernel='torch')")
     cpu = platform.machine() + platform.processor()
     if Path("/proc/cpuinfo").exists(): cpu += next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
-    key = hashlib.sha256((SOURCE + cpu).encode()).hexdigest()[:16]
+    key = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + cpu).encode()).hexdigest()[:16]
     out = _cache_dir() / f"opfgl_surrogate_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            src, lib = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
+            src, obj, lib = Path(tmp) / "kernel.c", Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
             src.write_text(SOURCE)
-            done = subprocess.run([cc, "-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-o", str(lib), str(src), "-lm"],
-                                  capture_output=True, text=True)
-            if done.returncode: raise ConfigError(f"surrogate_kernel='c': {cc} could not compile the routine:\n{done.stderr[-2000:]}")
+            # two commands: linked with -ffast-math, the library would carry crtfastmath.o, which switches the whole
+            # process to flushing denormal floats to zero when it is loaded (and so changes every other computation)
+            for cmd in ([cc, *COMPILE_FLAGS, "-c", "-o", str(obj), str(src)], [cc, "-shared", "-o", str(lib), str(obj), "-lm"]):
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode: raise ConfigError(f"surrogate_kernel='c': {cc} could not build the routine:\n{done.stderr[-2000:]}")
             os.replace(lib, out)            # atomic: a concurrent build leaves one whole file
     _LIB = ctypes.CDLL(str(out))
     _LIB.surrogate_step.restype = ctypes.c_int
