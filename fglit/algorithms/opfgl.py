@@ -376,20 +376,19 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
         edge_step = (it % config.surrogate_block) < config.surrogate_edge_steps
         if edge_step and it % config.surrogate_block == 0:      # x stays as it is through a block's edge steps, and so does s
             with torch.no_grad(): sim = pair_similarity(x)
+        opt = opt_g if edge_step else opt_x
         if use_c:
             parts = kernel.step(want_x=not edge_step, sim=sim if edge_step else None)     # writes the grads the step uses
-            (opt_g if edge_step else opt_x).step()
-            if it % log_every == 0 or it == config.surrogate_iters - 1:
-                history.append(dict(zip(("iteration", "align", "smooth", "loss"), (it, *parts))))
-            continue
-        align, smooth = losses(x, sim if edge_step else None)
-        loss = config.align_weight * align + config.smooth_weight * smooth
-        # only the gradients the step uses: the edge model's on edge steps, the features' otherwise
-        stepped, opt = (edge_params, opt_g) if edge_step else ([x], opt_x)
-        for p, g in zip(stepped, torch.autograd.grad(loss, stepped)): p.grad = g
+        else:
+            align, smooth = losses(x, sim if edge_step else None)
+            loss = config.align_weight * align + config.smooth_weight * smooth
+            # only the gradients the step uses: the edge model's on edge steps, the features' otherwise
+            stepped = edge_params if edge_step else [x]
+            for p, g in zip(stepped, torch.autograd.grad(loss, stepped)): p.grad = g
         opt.step()
         if it % log_every == 0 or it == config.surrogate_iters - 1:
-            history.append(dict(iteration=it, align=align.item(), smooth=smooth.item(), loss=loss.item()))
+            history.append(dict(zip(("iteration", "align", "smooth", "loss"),
+                                    (it, *(parts if use_c else (align.item(), smooth.item(), loss.item()))))))
     with torch.no_grad():
         a = graph(x.detach())
     ei = a.nonzero().T

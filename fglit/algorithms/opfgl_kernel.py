@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..federation import ConfigError

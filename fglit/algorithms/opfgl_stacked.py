@@ -27,8 +27,8 @@ class _Stage2Loss(torch.autograd.Function):
     "Stage 2's CE + node-adaptive distillation over a stack's rows `read` (see `stage2_loss`), its gradient in closed form."
     @staticmethod
     def forward(ctx, flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size):
-        logp_t = F.log_softmax(flat.index_select(0, read).t().contiguous(), 0)     # class-major, as `row_log_softmax`
-        logp = logp_t.t()
+        logp = row_log_softmax(flat.index_select(0, read))
+        logp_t = logp.t()                                   # the class-major tensor it was computed as, kept for the backward
         per = -logp.index_select(0, sup_at).gather(1, y_sup).squeeze(1)
         kl = (t_p * (t_logp - logp)).sum(-1)
         ctx.save_for_backward(logp_t, read, sup_at, y_sup, n_sup, t_p, lam, size)
