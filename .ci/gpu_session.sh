@@ -1,57 +1,64 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (no package registry there): unpack the datasets and wheels carried in .gpu/,
 # build .venv over the image's CUDA torch (.ci/offline_venv.sh), then run make test-gpu's two commands with logs under
-# $OUT. MODE=both runs the notebooks and pytest side by side (the quicker first look); MODE=make runs `make test-gpu`
+# $OUT. MODE=both runs the notebooks and pytest side by side (the quicker first look); MODE=none runs no tests (the benchmarks alone); MODE=make runs `make test-gpu`
 # itself, pytest spread over processes through PYTEST_ADDOPTS; MODE=split runs each notebook on its own and logs every
-# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests
+# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests (BENCH=quiet: the client-scaling curves first, on a quiet machine; SCALE_BOTH, SCALE_STACKED, OPFGL_ENGINES pick the sizes and engines)
 # (client scaling on CUDA and on the CPU of the same machine, O-pFGL's two engines on CUDA), their CSVs under $OUT/bench.
 # NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once; in MODE=split, NOTEBOOKS (name prefixes)
-# and TESTS (a file of pytest node ids, one per line) re-run only those, e.g. what a cut-off call did not reach. Prepare here first (see nbs/90_gpu.ipynb):
+# and TESTS (a file of test files or node ids, one per line) run only those, in that order (PYTEST_MARKS: default "not long"), e.g. what a cut-off call did not reach. Prepare here first (see nbs/90_gpu.ipynb):
 #   python3 .ci/download_wheels.py .gpu/whl && tar -cJf .gpu/ds.tar.xz -C "$FGLIT_DATA" --exclude=processed .
 set -u
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 FGLIT_DATA=$PWD/.gpu/data
 START=$SECONDS
-mkdir -p .gpu/data && tar -xJf .gpu/ds.tar.xz -C .gpu/data
+DEV=${DEV:-cuda}   # the device under test (DEV=cpu tries this script on a machine without a GPU)
+[ -d .gpu/data/Cora ] || { mkdir -p .gpu/data && tar -xJf .gpu/ds.tar.xz -C .gpu/data; }
 { nvidia-smi; nproc; free -g; git rev-parse HEAD 2>/dev/null; date -u
   # nproc honours OMP_NUM_THREADS (exported above), so it prints 1: the CPUs the processes may use are the line below
   echo "cpu_count $(python3 -c 'import os; print(os.cpu_count(), len(os.sched_getaffinity(0)))') cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null)"; } > "$OUT/machine.txt" 2>&1
-PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
-tail -1 "$OUT/setup.log"; echo "setup took $((SECONDS - START)) s"
+if [ -f .venv/bin/.installed ]; then echo "setup: .venv from an earlier call on this machine"   # a warm machine keeps it
+else PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+  tail -1 "$OUT/setup.log"; fi
+echo "setup took $((SECONDS - START)) s"
 LIMIT=${LIMIT:-420}
 NB_JOBS=${NB_JOBS:-5}; PYTEST_JOBS=${PYTEST_JOBS:-11}
-if [ "${BENCH:-0}" = 1 ]; then
-  mkdir -p "$OUT/bench"; DEADLINE=$((SECONDS + LIMIT))
-  scaling() {   # $1: device; the same graph into 10/100/1000 clients under both engines, then 10000 under the stacked one
-    FGLIT_DEVICE=$1 timeout "$LIMIT" .venv/bin/python benchmarks/client_scaling.py --clients 10 100 1000 --out "$OUT/bench/client_scaling_$1.csv" --timeout 200
-    FGLIT_DEVICE=$1 timeout $((DEADLINE - SECONDS)) .venv/bin/python benchmarks/client_scaling.py --clients 10000 --engines stacked --out "$OUT/bench/client_scaling_$1.csv" --timeout 200; }
-  ( scaling cuda > "$OUT/bench/log_cuda.txt" 2>&1 ) &
-  ( scaling cpu > "$OUT/bench/log_cpu.txt" 2>&1 ) &
-  ( FGLIT_DEVICE=cuda timeout "$LIMIT" .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out "$OUT/bench/opfgl_engines_cuda.csv" > "$OUT/bench/log_opfgl.txt" 2>&1 ) &
+if [ "${BENCH:-0}" != 0 ]; then
+  mkdir -p "$OUT/bench"; BLIMIT=${BENCH_LIMIT:-$LIMIT}; DEADLINE=$((SECONDS + BLIMIT))
+  scaling() {   # $1: device; the same graph into SCALE_BOTH clients under both engines, then SCALE_STACKED under the stacked one
+    FGLIT_DEVICE=$1 timeout "$BLIMIT" .venv/bin/python benchmarks/client_scaling.py --clients ${SCALE_BOTH:-10 100 1000} --out "$OUT/bench/client_scaling_$1.csv" --timeout 200
+    [ $((DEADLINE - SECONDS)) -gt 5 ] && FGLIT_DEVICE=$1 timeout $((DEADLINE - SECONDS)) .venv/bin/python benchmarks/client_scaling.py --clients ${SCALE_STACKED:-10000} --engines stacked --out "$OUT/bench/client_scaling_$1.csv" --timeout 200; }
+  ( scaling $DEV > "$OUT/bench/log_$DEV.txt" 2>&1 ) & SCALE_DEV=$!
+  SCALE_CPU=; [ "$DEV" = cpu ] || { ( scaling cpu > "$OUT/bench/log_cpu.txt" 2>&1 ) & SCALE_CPU=$!; }   # the same machine's CPU beside it
+  ( FGLIT_DEVICE=$DEV timeout "${OPFGL_LIMIT:-$LIMIT}" .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --engines ${OPFGL_ENGINES:-sequential stacked} \
+      --out "$OUT/bench/opfgl_engines_$DEV.csv" > "$OUT/bench/log_opfgl.txt" 2>&1 ) &
+  # BENCH=quiet: the tests start once the scaling curves are done, so that those timings are taken on a quiet machine
+  if [ "$BENCH" = quiet ]; then wait $SCALE_DEV $SCALE_CPU; echo "benchmarks' quiet phase took $((SECONDS - START)) s"; fi
 fi
 case "${MODE:-both}" in
 both)
-  ( FGLIT_DEVICE=cuda timeout "$LIMIT" .venv/bin/nbdev_test --flags gpu --timing --n_workers 5 > "$OUT/notebooks.log" 2>&1
+  ( FGLIT_DEVICE=$DEV timeout "$LIMIT" .venv/bin/nbdev_test --flags gpu --timing --n_workers 5 > "$OUT/notebooks.log" 2>&1
     echo "nbdev_test rc=$?" >> "$OUT/notebooks.log" ) &
-  FGLIT_DEVICE=cuda timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n 10 --timeout 300 -p no:cacheprovider \
+  FGLIT_DEVICE=$DEV timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n 10 --timeout 300 -p no:cacheprovider \
       --durations=15 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait ;;
 split)
   # each notebook on its own (longest first, 5 at a time) and pytest over 11 processes, both writing outcomes as they
   # come (tests/conftest.py's FGLIT_TEST_LOG), so a call cut off by its time limit still says what failed and why
-  export FGLIT_DEVICE=cuda FGLIT_TEST_LOG="$OUT/pytest_outcomes.log" NBOUT="$OUT"; mkdir -p /tmp/nb
+  export FGLIT_DEVICE=$DEV FGLIT_TEST_LOG="$OUT/pytest_outcomes.log" NBOUT="$OUT"; mkdir -p /tmp/nb
   order="20_opfgl 13_pfl 30_gpfl 40_fedgls 20a_opfgl 11_prototypes 10_fedavg 07_stacked 17_adafgl 31_gpfl 21_opfgl 12_compare 19_fedtad 51_fedpg"
   { for k in ${NOTEBOOKS:-$order}; do ls nbs/$k*.ipynb nbs/*/$k*.ipynb 2>/dev/null; done; [ -n "${NOTEBOOKS:-}" ] || ls nbs/*.ipynb nbs/*/*.ipynb; } | awk '!seen[$0]++' > /tmp/nb/list
   ( timeout "$LIMIT" xargs -P "$NB_JOBS" -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
         echo "{} rc=$rc $((SECONDS - t))s" >> $NBOUT/notebooks.log; [ $rc = 0 ] || flock $NBOUT/.lock -c "cat $log >> $NBOUT/notebooks_failed.log" || cat $log >> $NBOUT/notebooks_failed.log' < /tmp/nb/list ) &
-  timeout "$LIMIT" .venv/bin/python -m pytest $(if [ -n "${TESTS:-}" ]; then cat "$TESTS"; else echo tests; fi) -q --gpu -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  timeout "$LIMIT" .venv/bin/python -m pytest $(if [ -n "${TESTS:-}" ]; then cat "$TESTS"; else echo tests; fi) -q --gpu -m "${PYTEST_MARKS:-not long}" -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait; rm -f "$OUT/.lock" ;;
 make)
   PYTEST_ADDOPTS="-n 12 --timeout 300 -p no:cacheprovider --durations=15 --junitxml=$OUT/pytest.xml" \
       timeout "$LIMIT" make test-gpu > "$OUT/make_test_gpu.log" 2>&1
   echo "make test-gpu rc=$?" >> "$OUT/make_test_gpu.log" ;;
+none) ;;
 esac
 wait   # the benchmarks, each under its own timeout
 [ -d "$OUT/bench" ] && tar -czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"   # one file back (the tool returns at most 8)
