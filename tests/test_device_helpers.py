@@ -15,9 +15,9 @@ def as_if_cuda(monkeypatch):
     monkeypatch.setattr(_flower_grid, "DEV", torch.device("cuda"))
 
 
-def history(acc0=0.80, split="val"):
+def history(acc0=0.80, split="val", n0=100):
     "A run's history as fglit reports it: numbers beside a text column (the split)."
-    return pd.DataFrame({"round": [1, 1], "client": [0, 1], "split": [split, "test"], "n": [10, 12],
+    return pd.DataFrame({"round": [1, 1], "client": [0, 1], "split": [split, "test"], "n": [n0, 120],
                          "accuracy": [acc0, 0.75], "f1_macro": [0.70, float("nan")]})
 
 
@@ -26,6 +26,14 @@ def test_same_run_on_cuda_compares_numbers_within_tolerance_and_labels_exactly(a
     assert not _device.same_run(history(), history(0.80 + 0.2))
     assert not _device.same_run(history(), history(split="train"))
     assert not _device.same_run(history(), history().iloc[:1])
+
+
+def test_on_cuda_a_small_clients_score_may_move_by_three_predictions(as_if_cuda):
+    "A client with 5 test nodes moves by 0.2 per flipped prediction: up to three (0.6) pass, four do not; 100 nodes keep 0.05."
+    assert _device.same_run(history(0.8, n0=5), history(0.8 - 0.6, n0=5))
+    assert not _device.same_run(history(0.8, n0=5), history(0.0, n0=5))
+    assert not _device.same_run(history(0.8), history(0.8 - 0.1))
+    assert not _device.same_run(history(), history().assign(f1_macro=[0.70, 0.5]))    # a score where the other run has none
 
 
 def test_flower_comparison_on_cuda_allows_float_order_but_not_other_bytes(as_if_cuda):
@@ -40,6 +48,9 @@ def test_flower_comparison_on_cuda_allows_float_order_but_not_other_bytes(as_if_
         _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.81), up=101))
     with pytest.raises(AssertionError):
         _flower_grid.assert_matches_in_process(Fake(history()), Fake(history(0.95)))
+    _flower_grid.assert_matches_in_process(Fake(history(n0=5)), Fake(history(0.4, n0=5)))     # two of five predictions
+    with pytest.raises(AssertionError):
+        _flower_grid.assert_matches_in_process(Fake(history(n0=5)), Fake(history(0.0, n0=5)))
 
 
 def comm(bytes_up=94091, floats_up=23475):

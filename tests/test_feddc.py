@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch_geometric.data import Data
 
-from _device import same_run
+from _device import DEV, same_run
 
 from fglit.algorithms.fedavg import ScaffoldClient, ScaffoldServer
 from fglit.algorithms.feddc import FedDCClient, FedDCConfig, FedDCServer, drift_penalty, parameter_slots
@@ -125,8 +125,8 @@ def test_server_averages_the_uploads_and_accepts_their_sum():
     a, b = FedDCServer(cfg, infos, spec), FedDCServer(cfg, infos, spec)
     g = torch.Generator().manual_seed(3)
     P = a.params.numel()
-    replies = {i: {"params": torch.randn(P, generator=g), "delta_control": torch.randn(a.control.numel(), generator=g),
-                   "weight": float(n)} for i, n in ((0, 2), (2, 4))}                        # client 1 sat this round out
+    replies = {i: {"params": torch.randn(P, generator=g).to(DEV), "delta_control": torch.randn(a.control.numel(), generator=g).to(DEV),
+                   "weight": float(n)} for i, n in ((0, 2), (2, 4))}                        # on the servers' device                        # client 1 sat this round out
     a.aggregate(1, replies)
     expected = (2 * replies[0]["params"] + 4 * replies[2]["params"]) / 6
     assert torch.allclose(a.params, expected) and torch.allclose(a.control, (replies[0]["delta_control"] + replies[2]["delta_control"]) / 3)

@@ -139,8 +139,10 @@ def test_clients_hold_the_servers_mentee_bit_for_bit_and_stale_clients_get_it_wh
     sizes = torch.tensor([float(c.data.num_train) for c in clients], device=DEV)
     mean = (torch.stack(updates) * (sizes / sizes.sum()).unsqueeze(1)).sum(0)
     start, energy = down[0]["params"], energy_threshold(1, 3, 0.95, 0.98)
-    assert torch.allclose(server.mentee, start + decompress_update(compress_update(mean, server.shapes, energy), server.shapes), atol=1e-5)
-    assert not torch.allclose(server.mentee, start + mean, atol=1e-4)       # the mean is compressed once more on the way down
+    compressed = decompress_update(compress_update(mean, server.shapes, energy), server.shapes)
+    assert torch.allclose(server.mentee, start + compressed, atol=1e-5)     # the mean is compressed once more on the way down
+    if DEV.type == "cpu":   # and at this seed that drops something (on CUDA the clients train differently, and the mean may be kept whole)
+        assert not torch.allclose(compressed, mean, atol=1e-4)
     down = server.broadcast(2, [0, 1])                                       # client 2 skips round 2
     replies = {i: clients[i].local_step(down[i], 2) for i in (0, 1)}
     server.aggregate(2, replies)

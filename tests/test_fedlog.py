@@ -7,6 +7,7 @@ from fglit.algorithms.fedlog import (FedLoGClient, FedLoGConfig, FedLoGModel, Fe
                                      head_weight, neighbour_mean)
 from fglit.federation import ClientInfo, ConfigError, ModelSpec, flat_state, get_algorithm, make_config
 
+from _device import DEV
 from _node_pfl import make_clients
 
 TINY = {"pretrain_epochs": 10, "prompt_epochs": 3, "prompt_models": 1, "prompt_hidden": 16, "synthetic_per_class": 5,
@@ -45,13 +46,13 @@ def test_scores_mix_the_two_branches_by_degree():
     torch.manual_seed(0)
     spec = ModelSpec("gcn", 5, 3, "node", 8, 2, 0.0)
     net = FedLoGModel(spec.build(), 3, 2, 5, 1).eval()
-    x, ei = torch.randn(4, 5), torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    x, ei = torch.randn(4, 5).to(DEV), torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]], device=DEV)     # on the model's device
     alpha = head_weight(ei, 4, 0)
     with torch.no_grad():
         scores = net(x, ei, alpha)
         h = net.gnn.encode(x, ei)
         lh, lt = net.branch_log_probs(h, neighbour_mean(h, ei), net.supports())
-    assert torch.allclose(scores.exp().sum(1), torch.ones(4), atol=1e-5)
+    assert torch.allclose(scores.exp().sum(1), torch.ones(4, device=DEV), atol=1e-5)
     assert torch.allclose(scores.exp(), alpha[:, None] * lh.exp() + (1 - alpha[:, None]) * lt.exp(), atol=1e-6)
 
 

@@ -166,7 +166,7 @@ class StackedOpFGL(StackedClients):
                 lam_k = torch.full((n,), c.distill_alpha if mode == "fixed" else 0.0, device=s.x.device)
             lam[k * s.n_max:k * s.n_max + n] = lam_k
             client.log.update(lambda_mean=float(lam_k.mean()) if lam_k.numel() else 0.0)
-        has_train = s.num_train > 0
+        has_train = (s.num_train > 0).cpu()                  # the masks of clients live on the CPU (`active`)
         idle = active & ~has_train if mode == "none" else torch.zeros_like(active)      # nothing to learn from: keep f_g
         for k in idle.nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage2_iters=0, lambda_mean=0.0, stage2_s=0.0)

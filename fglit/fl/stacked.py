@@ -265,7 +265,8 @@ class StackedParams:
 
     @torch.no_grad()
     def step(self, active: Tensor | None = None, betas=(0.9, 0.999), eps=1e-8) -> None:
-        "One optimizer step for the clients where `active` (`[K]` bool) holds (None: every client); the others are left exactly as they are."
+        "One optimizer step for the clients where `active` (`[K]` bool, on any device) holds (None: every client); the others are left exactly as they are."
+        if active is not None: active = active.to(self.steps.device)
         if self._fused:
             self._fused_step(active, betas, eps)
             return
