@@ -3,7 +3,7 @@
     python .ci/download_wheels.py DIR [--python-version 3.12] [--image-packages .ci/gpu_image_packages.txt]
 
 Takes the exact versions of this checkout's working `.venv` (`pip freeze`), skips what the image already has
-(torch, torch-geometric, numpy, ...; `--image-packages`, one name per line), the notebook server family and Ray
+(torch, torch-geometric, numpy, ...; `--image-packages`, one name per line), the notebook server family (not nbformat: tests/test_docs.py writes notebooks with it) and Ray
 (test-only or too large to carry), and downloads binary wheels for the target Python on manylinux x86-64.
 `bash .ci/offline_venv.sh DIR` on the other machine then builds `.venv` from them.
 """
@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SKIP = re.compile(r"^(torch|ray|uv|triton|nvidia-.*|fglit|pip|setuptools|wheel|jupyter.*|jupyterlab.*|notebook.*|nbclient|nbconvert|"
-                  r"nbformat|ipykernel|ipywidgets|widgetsnbextension|tornado|pyzmq|debugpy|terminado|send2trash|argon2-cffi.*|"
-                  r"json5|bleach|tinycss2|mistune|pandocfilters|jsonschema.*|referencing|rpds-py|fastjsonschema|webencodings|"
+SKIP = re.compile(r"^(torch|ray|uv|triton|nvidia-.*|fglit|pip|setuptools|wheel|jupyter(?!-core$).*|jupyterlab.*|notebook.*|nbclient|nbconvert|"
+                  r"ipykernel|ipywidgets|widgetsnbextension|tornado|pyzmq|debugpy|terminado|send2trash|argon2-cffi.*|"
+                  r"json5|bleach|tinycss2|mistune|pandocfilters|webencodings|"
                   r"defusedxml|babel|async-lru|overrides|notebook-shim|python-json-logger|rfc3339-validator|rfc3986-validator|"
                   r"rfc3987-syntax|webcolors|uri-template|isoduration|fqdn|arrow|types-python-dateutil|websocket-client|"
                   r"beautifulsoup4|soupsieve|platformdirs|comm|nest-asyncio|tzdata|sniffio|httpx|httpcore|h11|anyio)$")
