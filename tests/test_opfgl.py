@@ -561,3 +561,32 @@ def test_loading_the_surrogate_kernel_leaves_floats_as_they_are(tmp_path):
             "after = torch.tensor(1e-40).item(); assert before == after > 0, (before, after); print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "FGLIT_CACHE": str(tmp_path)}, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+_OOM_PROBE = r'''
+import ctypes, resource, torch
+import fglit.algorithms.opfgl_kernel as K
+lib = K.load_kernel()
+ctypes.CDLL(None).mallopt(-3, 128 * 1024)   # M_MMAP_THRESHOLD, fixed: each large buffer is a mapping of its own, unmapped when freed
+n, h, F = 300, 64, 8                          # each n*n*h buffer is 23 MB
+ins = [torch.rand(*s) for s in ((n, F), (n, h), (n, h), (h,), (h,), (h, h), (h,), (h,), (h,), (h,), (1,), (n, 2 * F), (n,))]
+outs = [torch.zeros(3), torch.zeros(n, h), torch.zeros(n, h), torch.zeros(n, F)]
+ptr = lambda t: ctypes.c_void_p(t.data_ptr())
+mapped = lambda: int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+before = mapped()
+resource.setrlimit(resource.RLIMIT_AS, (before + (64 << 20), resource.RLIM_INFINITY))
+rcs = [lib.surrogate_step(n, h, F, *map(ptr, ins), ctypes.c_float(0.5), ctypes.c_float(1.0), ctypes.c_float(1.0), 0, 1, 0, None,
+                          *map(ptr, outs), *([None] * 8)) for _ in range(3)]
+print("rcs", rcs, "grew", mapped() - before)
+'''
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")) or not Path("/proc/self/statm").exists(),
+                    reason="needs a C compiler and Linux's /proc")
+def test_surrogate_kernel_short_of_memory_returns_an_error_and_frees_what_it_took(tmp_path):
+    "Under an address-space limit that lets the routine have only some of its buffers, each call returns 1 (no crash) and gives back the buffers it did get (the routine before this check kept them: 49 MB a call)."
+    done = subprocess.run([sys.executable, "-c", _OOM_PROBE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FGLIT_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rcs, grew = done.stdout.split("rcs ")[1].split(" grew ")
+    assert rcs == "[1, 1, 1]" and int(grew) < (1 << 20), done.stdout

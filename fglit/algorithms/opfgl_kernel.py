@@ -70,21 +70,26 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
     const float bn_eps = 1e-5f;
     float *P = malloc(sizeof(float) * m * h), *X1 = malloc(sizeof(float) * m * h), *R1 = malloc(sizeof(float) * m * h);
     float *L1 = malloc(sizeof(float) * m * h), *X2 = malloc(sizeof(float) * m * h), *R2 = malloc(sizeof(float) * m * h);
-    float inv1[h], inv2[h];
+    float inv1[h], inv2[h], ddv[n];
+    double dw2s[h];
     float *G = malloc(sizeof(float) * m), *a = malloc(sizeof(float) * m), *sg = malloc(sizeof(float) * m), *sim = malloc(sizeof(float) * m);
     float *Pn = malloc(sizeof(float) * m), *H1 = malloc(sizeof(float) * n * F), *dv = malloc(sizeof(float) * n);
-    if (!P || !X1 || !R1 || !L1 || !X2 || !R2 || !G || !a || !sg || !sim || !Pn || !H1 || !dv) return 1;
+    float *W1T = malloc(sizeof(float) * h * h), *dS = malloc(sizeof(float) * m);
+    float *E = (want_x && !sim_in) ? malloc(sizeof(float) * (size_t)(n * (n - 1) / 2) * F) : NULL;   /* e_ij for i < j */
+    float *dH1 = malloc(sizeof(float) * n * F), *da = calloc(m, sizeof(float)), *dPn = malloc(sizeof(float) * m);
+    float *dR2 = malloc(sizeof(float) * m * h), *dL1 = malloc(sizeof(float) * m * h), *dR1 = malloc(sizeof(float) * m * h), *dP = malloc(sizeof(float) * m * h);
+    int status = 1;   /* every buffer is taken here (all live to the end): a failed allocation frees them all and returns 1 */
+    if (!P || !X1 || !R1 || !L1 || !X2 || !R2 || !G || !a || !sg || !sim || !Pn || !H1 || !dv || !W1T || !dS || (want_x && !sim_in && !E) ||
+        !dH1 || !da || !dPn || !dR2 || !dL1 || !dR1 || !dP) goto done;
     /* link predictor */
     for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) for (int k = 0; k < h; k++) P[(i * n + j) * h + k] = A1[i * h + k] + B1[j * h + k];
     bn_forward(P, m, h, g1, be1, bn_eps, X1, R1, inv1);
-    float *W1T = malloc(sizeof(float) * h * h);
     for (int k = 0; k < h; k++) for (int q = 0; q < h; q++) W1T[q * h + k] = W1[k * h + q];
     for (int r = 0; r < m; r++) {
         float *o = L1 + r * h; const float *in = R1 + r * h;
         for (int k = 0; k < h; k++) o[k] = b1[k];
         for (int q = 0; q < h; q++) { float v = in[q]; if (v == 0) continue; const float *w = W1T + q * h; for (int k = 0; k < h; k++) o[k] += v * w[k]; }
     }
-    free(W1T);
     bn_forward(L1, m, h, g2, be2, bn_eps, X2, R2, inv2);
     const float b2 = *b2p;
     for (int r = 0; r < m; r++) { float s = b2; for (int k = 0; k < h; k++) s += R2[r * h + k] * w2[k]; G[r] = s; }
@@ -111,8 +116,6 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
         align += cw[i] * s / (2.0 * F);
     }
     /* pair similarity (symmetric; e kept for the backward) */
-    float *E = (want_x && !sim_in) ? malloc(sizeof(float) * (size_t)(n * (n - 1) / 2) * F) : NULL;   /* e_ij for i < j */
-    if (want_x && !sim_in && !E) return 1;
 #define PAIR(i, j) ((i) * n - (i) * ((i) + 1) / 2 + (j) - (i) - 1)
     for (int i = 0; i < n; i++) for (int j = i; j < n; j++) {
         if (sim_in) { sim[i * n + j] = sim_in[i * n + j]; sim[j * n + i] = sim_in[j * n + i]; continue; }
@@ -128,8 +131,6 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
     double smooth = num / den;
     out_loss[0] = (float)align; out_loss[1] = (float)smooth; out_loss[2] = (float)(align_w * align + smooth_w * smooth);
     /* backward */
-    float *dH1 = malloc(sizeof(float) * n * F), *da = calloc(m, sizeof(float)), *dPn = malloc(sizeof(float) * m);
-    if (!dH1 || !da || !dPn) return 1;
     for (int i = 0; i < n; i++) {
         float c = align_w * cw[i] / F;
         for (int f = 0; f < F; f++) {
@@ -155,7 +156,6 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
         }
     }
     /* Pn = D^-1/2 (a + I) D^-1/2 */
-    float ddv[n];
     for (int i = 0; i < n; i++) ddv[i] = 0;
     for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {
         float ai = a[i * n + j] + (i == j), g = dPn[i * n + j];
@@ -164,14 +164,12 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
     }
     for (int i = 0; i < n; i++) { float dDeg = -0.5f * ddv[i] * dv[i] * dv[i] * dv[i]; for (int j = 0; j < n; j++) da[i * n + j] += dDeg; }
     /* a = where(sig*offdiag >= eps) ; sig = sigmoid(S) ; S = (G + G^T)/2 */
-    float *dS = malloc(sizeof(float) * m);
     for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {
         int r = i * n + j;
         float keep = (i != j && sg[r] >= edge_eps) ? 1.f : 0.f;
         dS[r] = da[r] * keep * sg[r] * (1.f - sg[r]);
     }
-    float *dR2 = malloc(sizeof(float) * m * h), *dL1 = malloc(sizeof(float) * m * h), *dR1 = malloc(sizeof(float) * m * h), *dP = malloc(sizeof(float) * m * h);
-    double dw2s[h]; double db2s = 0;
+    double db2s = 0;
     for (int k = 0; k < h; k++) dw2s[k] = 0;
     for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) {
         int r = i * n + j;
@@ -198,9 +196,11 @@ int surrogate_step(int n, int h, int F, const float *x, const float *A1, const f
     bn_backward(dR1, X1, R1, m, h, g1, inv1, dP, want_link ? dg1 : NULL, want_link ? dbe1 : NULL);
     for (int i = 0; i < n; i++) for (int k = 0; k < h; k++) { dA1[i * h + k] = 0; dB1[i * h + k] = 0; }
     for (int i = 0; i < n; i++) for (int j = 0; j < n; j++) for (int k = 0; k < h; k++) { float v = dP[(i * n + j) * h + k]; dA1[i * h + k] += v; dB1[j * h + k] += v; }
+    status = 0;
+done:
     free(P); free(X1); free(R1); free(L1); free(X2); free(R2); free(G); free(a); free(sg); free(sim); free(Pn); free(H1); free(dv);
-    free(E); free(dH1); free(da); free(dPn); free(dS); free(dR2); free(dL1); free(dR1); free(dP);
-    return 0;
+    free(W1T); free(E); free(dH1); free(da); free(dPn); free(dS); free(dR2); free(dL1); free(dR1); free(dP);
+    return status;
 }
 """
 
