@@ -1,6 +1,6 @@
 """Download, for a machine without a package registry, the wheels fglit needs there beyond what its image has.
 
-    python .ci/download_wheels.py DIR [--python-version 3.12] [--image-packages .ci/gpu_image_packages.txt]
+    python .ci/download_wheels.py DIR [--python-version 3.12] [--image-packages .ci/gpu_image_packages.txt] [--skip NAME ...]
 
 Takes the exact versions of this checkout's working `.venv` (`pip freeze`), skips what the image already has
 (torch, torch-geometric, numpy, ...; `--image-packages`, one name per line), the notebook server family (not nbformat: tests/test_docs.py writes notebooks with it) and Ray
@@ -33,12 +33,14 @@ def main() -> int:
     ap.add_argument("--image-packages", type=Path, default=Path(__file__).with_name("gpu_image_packages.txt"))
     ap.add_argument("--venv-python", default=".venv/bin/python")
     ap.add_argument("--keep", nargs="*", default=["grpcio", "protobuf"], help="download these even if the image has them (Flower's pins)")
+    ap.add_argument("--skip", nargs="*", default=[], help="leave these out too (e.g. igraph texttable jedi: what travels to the GPU machine must fit in 64 MiB)")
     o = ap.parse_args()
     image = {canonical(line.strip()) for line in o.image_packages.read_text().splitlines() if line.strip() and not line.startswith("#")}
     image -= {canonical(k) for k in o.keep}
     freeze = subprocess.run([o.venv_python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout.splitlines()
     pins = [line for line in freeze if "==" in line and not line.startswith("#")]
-    wanted = [p for p in pins if canonical(p.split("==")[0]) not in image and not SKIP.match(canonical(p.split("==")[0]))]
+    skip = {canonical(k) for k in o.skip}
+    wanted = [p for p in pins if canonical(p.split("==")[0]) not in image | skip and not SKIP.match(canonical(p.split("==")[0]))]
     o.dest.mkdir(parents=True, exist_ok=True)
     plat = [arg for p in PLATFORMS for arg in ("--platform", p)]
     failed = []
