@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..core import cache_dir
 from ..federation import ConfigError
 
 # %% auto #0
@@ -208,9 +209,6 @@ done:
 _LIB: ctypes.CDLL | None = None
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("FGLIT_CACHE", Path.home() / ".cache" / "fglit")) / "kernels"
-
 def load_kernel() -> ctypes.CDLL:
     "The compiled routine (built on first use with `CC`/`cc`: compiled with `COMPILE_FLAGS`, linked without them, cached per source, flags and CPU)."
     global _LIB
@@ -220,7 +218,7 @@ def load_kernel() -> ctypes.CDLL:
     cpu = platform.machine() + platform.processor()
     if Path("/proc/cpuinfo").exists(): cpu += next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
     key = hashlib.sha256((SOURCE + " ".join(COMPILE_FLAGS) + cpu).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"opfgl_surrogate_{key}.so"
+    out = cache_dir() / "kernels" / f"opfgl_surrogate_{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
