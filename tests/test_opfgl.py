@@ -505,18 +505,19 @@ def test_one_node_per_class_alignment_is_the_class_mean_formula_bit_for_bit(C, D
 
 
 def _cora_class_statistics():
+    "Cora's per-class statistics of [X || ÂX] over every node, pooled as the server pools the clients' sums."
+    from fglit.algorithms.opfgl import class_moment_sums, pooled_statistics, propagated_features
     from fglit.data import load_dataset
-    from fglit.graph_preprocessing import adjacency
     g = load_dataset("Cora").data
-    feats = torch.cat([g.x, adjacency(g.edge_index, g.num_nodes, "gcn", g.x.dtype) @ g.x], 1)
-    C = int(g.y.max()) + 1
-    count = torch.bincount(g.y, minlength=C).double()
-    mean = torch.stack([feats[g.y == c].mean(0) for c in range(C)]).double()
-    var = torch.stack([feats[g.y == c].var(0) for c in range(C)]).double()
-    return mean, var, count, g.x.size(1)
+    sums = class_moment_sums(propagated_features(g.x, g.edge_index, 1), g.y, torch.ones(g.num_nodes, dtype=torch.bool), int(g.y.max()) + 1)
+    mean, var = pooled_statistics(sums["count"], sums["sum"], sums["sum_sq"])
+    return mean, var, sums["count"], g.x.size(1)
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+
+
+@needs_cc
 def test_surrogate_kernel_c_follows_the_torch_path(tmp_path, monkeypatch):
     "The C routine's surrogate graph follows the torch path's: the same losses along 300 steps (to float rounding, which the two sum in different orders)."
     from fglit.algorithms.opfgl import OpFGLConfig, generate_surrogate
@@ -531,7 +532,7 @@ def test_surrogate_kernel_c_follows_the_torch_path(tmp_path, monkeypatch):
     assert torch.allclose(runs["torch"].x, runs["c"].x, atol=1e-4)
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+@needs_cc
 def test_surrogate_kernel_c_hands_what_it_does_not_cover_to_torch(tmp_path, monkeypatch):
     "Two nodes per class are not the routine's: a warning says so and the torch path builds the graph (the same graph as asking for torch)."
     from fglit.algorithms.opfgl import OpFGLConfig, generate_surrogate
@@ -554,7 +555,7 @@ def test_surrogate_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
         K.load_kernel()
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="surrogate_kernel='c' needs a C compiler")
+@needs_cc
 def test_loading_the_surrogate_kernel_leaves_floats_as_they_are(tmp_path):
     "Loading the compiled routine must not switch the process to flushing denormal floats to zero (a library linked with -ffast-math would, and every other test's numbers would change)."
     code = ("import torch, fglit.algorithms.opfgl_kernel as K; before = torch.tensor(1e-40).item(); K.load_kernel(); "
@@ -571,18 +572,17 @@ ctypes.CDLL(None).mallopt(-3, 128 * 1024)   # M_MMAP_THRESHOLD, fixed: each larg
 n, h, F = 300, 64, 8                          # each n*n*h buffer is 23 MB
 ins = [torch.rand(*s) for s in ((n, F), (n, h), (n, h), (h,), (h,), (h, h), (h,), (h,), (h,), (h,), (1,), (n, 2 * F), (n,))]
 outs = [torch.zeros(3), torch.zeros(n, h), torch.zeros(n, h), torch.zeros(n, F)]
-ptr = lambda t: ctypes.c_void_p(t.data_ptr())
 mapped = lambda: int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
 before = mapped()
 resource.setrlimit(resource.RLIMIT_AS, (before + (64 << 20), resource.RLIM_INFINITY))
-rcs = [lib.surrogate_step(n, h, F, *map(ptr, ins), ctypes.c_float(0.5), ctypes.c_float(1.0), ctypes.c_float(1.0), 0, 1, 0, None,
-                          *map(ptr, outs), *([None] * 8)) for _ in range(3)]
+rcs = [lib.surrogate_step(n, h, F, *map(K._ptr, ins), ctypes.c_float(0.5), ctypes.c_float(1.0), ctypes.c_float(1.0), 0, 1, 0, None,
+                          *map(K._ptr, outs), *([None] * 8)) for _ in range(3)]
 print("rcs", rcs, "grew", mapped() - before)
 '''
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")) or not Path("/proc/self/statm").exists(),
-                    reason="needs a C compiler and Linux's /proc")
+@needs_cc
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the process's mapped size from Linux's /proc")
 def test_surrogate_kernel_short_of_memory_returns_an_error_and_frees_what_it_took(tmp_path):
     "Under an address-space limit that lets the routine have only some of its buffers, each call returns 1 (no crash) and gives back the buffers it did get (the routine before this check kept them: 49 MB a call)."
     done = subprocess.run([sys.executable, "-c", _OOM_PROBE], capture_output=True, text=True, timeout=300,
