@@ -17,7 +17,7 @@ import torch
 
 # %% auto #0
 __all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch', 'forked_seed',
-           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'optional_import', 'pyplot',
+           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import', 'pyplot',
            'load_entry_points']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
@@ -106,6 +106,17 @@ def is_writable(path: str | os.PathLike) -> bool:
         p = p.parent
     mode = p.stat().st_mode
     return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(p, os.W_OK)
+
+# %% ../nbs/00_core.ipynb #34a5db34
+def sorted_unique(values: np.ndarray, copy: bool = True) -> np.ndarray:
+    "`np.unique(values)` for a 1-D array, by one sort and a neighbour compare; `copy=False` sorts `values` in place."
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"sorted_unique takes a 1-D array, got shape {values.shape}")
+    out = np.sort(values) if copy else values
+    if not copy:
+        out.sort()
+    return out[np.concatenate(([True], out[1:] != out[:-1]))] if out.size else out
 
 # %% ../nbs/00_core.ipynb #b8ea3f0a
 EXTRAS = {"matplotlib": "plots", "seaborn": "plots", "flwr": "flower", "ray": "simulation", "tensorboard": "tensorboard", "igraph": "igraph",

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from .core import sorted_unique
 from .fl.config import ConfigError
 
 # %% auto #0
@@ -42,7 +43,7 @@ def synthetic_graph(num_nodes: int, num_edges: int, num_classes: int, num_featur
         keep = u != v
         lo_end, hi_end = np.minimum(u[keep], v[keep]), np.maximum(u[keep], v[keep])
         parts.append(lo_end.astype(np.int64) * num_nodes + hi_end)
-    pairs = np.unique(np.concatenate(parts))                       # each undirected pair once, sorted
+    pairs = sorted_unique(np.concatenate(parts), copy=False)       # each undirected pair once, sorted
     a, b = pairs // num_nodes, pairs % num_nodes
     edge_index = torch.from_numpy(np.stack([np.concatenate([a, b]), np.concatenate([b, a])]))
     means = rng.normal(0.0, feature_signal, size=(num_classes, num_features)).astype(np.float32)

@@ -64,3 +64,22 @@ def test_everything_lands_on_cuda():
     model = build_model("gcn", ds.num_features, ds.num_classes)
     result = train_node_classifier(model, ds.data, epochs=50)
     assert next(model.parameters()).is_cuda and ds.data.x.is_cuda and result["test_acc"] > 0.7
+
+
+from hypothesis import given, settings, strategies as st
+import numpy as np
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-2**62, 2**62), max_size=200), st.booleans())
+def test_sorted_unique_matches_numpy(values, copy):
+    a = np.asarray(values, dtype=np.int64)
+    kept = a.copy()
+    got = core.sorted_unique(a, copy=copy)
+    assert got.dtype == np.int64 and np.array_equal(got, np.unique(kept))
+    assert np.array_equal(a, kept if copy else np.sort(kept))      # copy=False sorts the input in place, copy=True keeps it
+
+
+def test_sorted_unique_rejects_2d():
+    with pytest.raises(ValueError, match="1-D"):
+        core.sorted_unique(np.zeros((2, 2)))
