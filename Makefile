@@ -9,7 +9,7 @@ SHARED_DATA := $(abspath ../shared/datasets)
 FGLIT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 export FGLIT_DATA
 
-.PHONY: setup demo test test-long test-gpu package-check check-sync docs-proc docs readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
+.PHONY: setup demo test bench bench-tiny test-long test-gpu package-check check-sync docs-proc docs readme reproduce-baselines reproduce-opfgl reproduce-fedgls \
 	reproduce-gpfl reproduce-fedpg reproduce-authors
 JOBS ?= 2
 
@@ -66,6 +66,15 @@ docs: docs-proc
 
 readme: setup
 	$(BIN)/python .ci/nb2readme.py
+
+# Issue #28's benchmark suite, one command: every benchmark at its committed size, rows appended under results/bench
+# (hours on 2 cores; see benchmarks/README.md). `bench-tiny` runs each on a tiny size into benchmarks/work/tiny.
+# BENCH_ARGS passes options on (e.g. --only NAME, --devices cuda cpu).
+bench: setup
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/suite.py $(BENCH_ARGS)
+
+bench-tiny: setup
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/suite.py --size tiny $(BENCH_ARGS)
 
 # Long runs whose results are committed (not part of `make test`).
 reproduce-baselines: setup

@@ -19,6 +19,7 @@ SKIP = re.compile(r"^(torch|ray|uv|triton|nvidia-.*|fglit|pip|setuptools|wheel|j
                   r"defusedxml|babel|async-lru|overrides|notebook-shim|python-json-logger|rfc3339-validator|rfc3986-validator|"
                   r"rfc3987-syntax|webcolors|uri-template|isoduration|fqdn|arrow|types-python-dateutil|websocket-client|"
                   r"beautifulsoup4|soupsieve|platformdirs|comm|nest-asyncio|tzdata|sniffio|httpx|httpcore|h11|anyio)$")
+OPENFGL = ["openfgl-lib==1.1.0", "munkres==3.0.0"]     # benchmarks/setup_openfgl.sh's OpenFGL, and the munkres it gets
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64", "manylinux1_x86_64", "any"]
 
 
@@ -34,6 +35,8 @@ def main() -> int:
     ap.add_argument("--venv-python", default=".venv/bin/python")
     ap.add_argument("--keep", nargs="*", default=["grpcio", "protobuf"], help="download these even if the image has them (Flower's pins)")
     ap.add_argument("--skip", nargs="*", default=[], help="leave these out too (e.g. igraph texttable jedi: what travels to the GPU machine must fit in 64 MiB)")
+    ap.add_argument("--openfgl", type=Path, default=None, metavar="DIR", help="also put OpenFGL 1.1.0 and munkres (what it needs beyond "
+                    "fglit's venv and the image) in DIR, for the OpenFGL side-by-side on CUDA (.ci/gpu_session.sh installs them there)")
     o = ap.parse_args()
     image = {canonical(line.strip()) for line in o.image_packages.read_text().splitlines() if line.strip() and not line.startswith("#")}
     image -= {canonical(k) for k in o.keep}
@@ -44,13 +47,16 @@ def main() -> int:
     o.dest.mkdir(parents=True, exist_ok=True)
     plat = [arg for p in PLATFORMS for arg in ("--platform", p)]
     failed = []
-    for pin in wanted:
+    jobs = [(pin, o.dest) for pin in wanted] + ([(pin, o.openfgl) for pin in OPENFGL] if o.openfgl else [])
+    for pin, dest in jobs:
+        dest.mkdir(parents=True, exist_ok=True)
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                            "--python-version", o.python_version, "--implementation", "cp", *plat, "-d", str(o.dest), pin],
+                            "--python-version", o.python_version, "--implementation", "cp", *plat, "-d", str(dest), pin],
                            capture_output=True, text=True)
         (failed.append(pin) if r.returncode else None)
         print(("FAILED " if r.returncode else "ok     ") + pin, flush=True)
-    print(f"{len(wanted) - len(failed)} of {len(wanted)} wheels in {o.dest}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(f"{len(jobs) - len(failed)} of {len(jobs)} wheels in {o.dest}" + (f" and {o.openfgl}" if o.openfgl else "")
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

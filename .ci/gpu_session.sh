@@ -5,6 +5,7 @@
 # itself, pytest spread over processes through PYTEST_ADDOPTS; MODE=split runs each notebook on its own and logs every
 # outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests (BENCH=quiet: the client-scaling curves first, on a quiet machine; SCALE_BOTH, SCALE_STACKED, OPFGL_ENGINES pick the sizes and engines)
 # (client scaling on CUDA and on the CPU of the same machine, O-pFGL's two engines on CUDA), their CSVs under $OUT/bench.
+# BENCH=suite runs benchmarks/suite.py's whole suite first (--size short: one call's worth; see the branch below).
 # NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once; in MODE=split, NOTEBOOKS (name prefixes)
 # and TESTS (a file of test files or node ids, one per line) run only those, in that order (PYTEST_MARKS: default "not long"), e.g. what a cut-off call did not reach. Prepare here first (see nbs/90_gpu.ipynb):
 #   python3 .ci/download_wheels.py .gpu/whl && tar -cJf .gpu/ds.tar.xz -C "$FGLIT_DATA" --exclude=processed .
@@ -23,7 +24,17 @@ else PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$O
 echo "setup took $((SECONDS - START)) s"
 LIMIT=${LIMIT:-420}
 NB_JOBS=${NB_JOBS:-5}; PYTEST_JOBS=${PYTEST_JOBS:-11}
-if [ "${BENCH:-0}" != 0 ]; then
+if [ "${BENCH:-0}" = suite ]; then
+  # benchmarks/suite.py at --size short (SUITE_SIZE) on $DEV and this machine's CPU, SUITE_JOBS at once, within BENCH_LIMIT;
+  # the tests start after it (a quiet machine for the timings). OpenFGL's wheels carried in .gpu/openfgl (download_wheels.py
+  # --openfgl) go into .venv, over the image's CUDA torch, for the side-by-side on CUDA. SUITE_ARGS: more suite options.
+  mkdir -p "$OUT/bench"; BLIMIT=${BENCH_LIMIT:-$LIMIT}; devices=$DEV; [ "$DEV" = cpu ] || devices="$DEV cpu"; ofpy=()
+  if ls .gpu/openfgl/*.whl > /dev/null 2>&1; then
+    .venv/bin/python -m pip install -q --no-index --no-deps .gpu/openfgl/*.whl > "$OUT/bench/openfgl_setup.log" 2>&1 && ofpy=(--openfgl-python "$PWD/.venv/bin/python"); fi
+  timeout $((BLIMIT + 30)) .venv/bin/python benchmarks/suite.py --size "${SUITE_SIZE:-short}" --devices $devices --jobs "${SUITE_JOBS:-6}" \
+      --budget "$BLIMIT" --out-dir "$OUT/bench" --work /tmp/fglit-bench "${ofpy[@]}" ${SUITE_ARGS:-} > "$OUT/bench/log_suite.txt" 2>&1
+  echo "suite rc=$? after $((SECONDS - START)) s"; tail -20 "$OUT/bench/log_suite.txt"
+elif [ "${BENCH:-0}" != 0 ]; then
   mkdir -p "$OUT/bench"; BLIMIT=${BENCH_LIMIT:-$LIMIT}; DEADLINE=$((SECONDS + BLIMIT))
   scaling() {   # $1: device; the same graph into SCALE_BOTH clients under both engines, then SCALE_STACKED under the stacked one
     FGLIT_DEVICE=$1 timeout "$BLIMIT" .venv/bin/python benchmarks/client_scaling.py --clients ${SCALE_BOTH:-10 100 1000} --out "$OUT/bench/client_scaling_$1.csv" --timeout 200

@@ -47,6 +47,7 @@ def cli():
     p.add_argument("--keep-data", action="store_true",
                    help="keep the run's processed dataset and partition (about 30 MB a run); by default only openfgl.log stays")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="OpenFGL's use_cuda (its GPU 0) or the CPU")
     return p.parse_args()
 
 
@@ -81,7 +82,7 @@ def openfgl_args(o, root: str):
             "--metrics", "accuracy", "--evaluation_mode", o.evaluation_mode,
             "--seed", str(o.seed), "--gpuid", "0"]
     args = config.parser.parse_args(argv)
-    args.use_cuda = False  # its flag is type=bool (any string is True): set it directly
+    args.use_cuda = o.device == "cuda"  # its flag is type=bool (any string is True): set it directly
     args.debug = False     # no pickle logs
     # Louvain knobs left at OpenFGL's defaults (resolution 1, delta 20). Not passed on the argument list on purpose:
     # --louvain_delta is declared type=float, and a float delta makes subgraph_fl_louvain crash (it slices with it).
@@ -151,6 +152,7 @@ def main():
         "args": {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (int, float, str, bool, list))},
         "torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
         "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+        "device": f"cuda:{torch.cuda.get_device_name(0)}" if args.use_cuda else "cpu",
         "log": log_path,
     }
     if not o.keep_data:

@@ -77,6 +77,9 @@ def cli():
     p.add_argument("--target-ratio", type=float, default=0.5, help="the issue's target: fglit time <= this x OpenFGL's")
     p.add_argument("--data", default=None, help="datasets folder holding Cora/raw (default: $FGLIT_DATA, else ../shared/datasets)")
     p.add_argument("--openfgl-python", default=str(OPENFGL_PY))
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="both libraries on this device (fglit's FGLIT_DEVICE, OpenFGL's use_cuda); cuda needs an OpenFGL "
+                        "installed over a CUDA torch (--openfgl-python), which setup_openfgl.sh does not make")
     p.add_argument("--out", default=str(REPO / "results" / "bench" / "fedavg_vs_openfgl.json"))
     return p.parse_args()
 
@@ -100,7 +103,8 @@ def run_openfgl(o, seed: int, protocol: str, raw: Path) -> dict:
            "--work", str(WORK / "openfgl-data" / protocol),
            "--clients", str(o.clients), "--rounds", str(o.rounds), "--epochs", str(o.epochs),
            "--hidden", str(o.hidden), "--lr", str(o.lr), "--weight-decay", str(o.weight_decay),
-           "--dropout", str(o.dropout), "--evaluation-mode", PROTOCOLS[protocol][0], "--threads", str(o.threads)]
+           "--dropout", str(o.dropout), "--evaluation-mode", PROTOCOLS[protocol][0], "--threads", str(o.threads),
+           "--device", o.device]
     env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", PYTHONNOUSERSITE="1")
     env.pop("PYTHONPATH", None)
     if o.threads:
@@ -236,7 +240,7 @@ def main():
     if o.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(o.threads))
     os.environ.setdefault("FGLIT_CACHE", str(WORK / "fglit-cache"))   # a throwaway cache, wiped before each fglit run
-    os.environ.setdefault("FGLIT_DEVICE", "cpu")                      # OpenFGL runs on CPU too (use_cuda=False)
+    os.environ["FGLIT_DEVICE"] = o.device                             # the device OpenFGL runs on too (its use_cuda)
     data = data_root(o.data)
     os.environ.setdefault("FGLIT_DATA", str(data))
     raw = data / "Cora" / "raw"
@@ -276,7 +280,7 @@ def main():
     # ---- table
     setting = (f"FedAvg | Cora | Louvain packed into {o.clients} clients | {o.rounds} rounds x {o.epochs} local epochs | "
                f"2-layer GCN, hidden {o.hidden} (fglit: {o.model}, AUC {o.auc}) | Adam lr {o.lr}, wd {o.weight_decay}, dropout {o.dropout} | seeds {o.seeds} | "
-               f"torch threads {o.threads or 'default'} | {os.cpu_count()} cores")
+               f"torch threads {o.threads or 'default'} | {os.cpu_count()} cores | device {o.device}")
     print(setting)
     summary = {}
     for p in protocols:
@@ -317,7 +321,7 @@ def main():
                       model=o.model, openfgl_model="gcn", layers=2, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay, dropout=o.dropout,
                       optimizer="adam", client_fraction=1.0, split="per-client stratified 0.2/0.4/0.4 train/val/test (both sides)",
                       selection="test accuracy at the round of best validation accuracy", protocols={p: PROTOCOL_TEXT[p] for p in protocols},
-                      torch_threads=o.threads or "default", device="cpu", acc_tol=o.acc_tol, target_ratio=o.target_ratio,
+                      torch_threads=o.threads or "default", device=o.device, acc_tol=o.acc_tol, target_ratio=o.target_ratio,
                       engine=o.engine, auc=o.auc == "on",
                       per_round_metrics=dict(openfgl="accuracy (--metrics accuracy)",
                                              fglit="accuracy, F1-macro" + (", ROC AUC" if o.auc == "on" else ""))),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks._common import bench_dataset, short_commit  # noqa: E402
+from benchmarks._common import bench_dataset, device_name, short_commit  # noqa: E402
 
 
 def main() -> int:
@@ -49,7 +49,8 @@ def main() -> int:
     from fglit.algorithms.fedavg import FedAvgConfig
     ds = bench_dataset(o.dataset)
     base = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
-                cpus=os.cpu_count(), threads=1, commit=short_commit(), dataset=o.dataset)
+                cpus=os.cpu_count(), threads=1, commit=short_commit(), dataset=o.dataset, device=device_name())
+    sync = torch.cuda.synchronize if "cuda" in base["device"] else (lambda: None)   # a CUDA step is timed to its end
     config = make_config(FedAvgConfig, {"dropout": 0.0})
     for k in o.clients:
         data = [LocalData(c, "node") for c in partition(ds, "metis", k, seed=0, cache=False).clients]
@@ -66,10 +67,10 @@ def main() -> int:
         rows = {"block-diagonal": block_step}
         dense_gb = k * n_max * n_max * 4 / 1e9
         if dense_gb <= o.max_dense_gb:
-            A = torch.zeros(k, n_max, n_max)
+            A = torch.zeros(k, n_max, n_max, device=s.x.device)
             for i, d in enumerate(data):               # set-up only, outside the timing
                 n = d.graph.num_nodes
-                A[i, :n, :n] = adjacency(d.graph.edge_index, n, "gcn").to_dense()
+                A[i, :n, :n] = adjacency(d.graph.edge_index, n, "gcn").to_dense().to(A.device)
             X, Y = s.x.view(k, n_max, -1), s.y.view(k, n_max)
             M = s.masks["train"].view(k, n_max).float()
             params = {name: t.detach().clone() for name, t in group.params.as_dict().items()}
@@ -84,10 +85,10 @@ def main() -> int:
             per_client_grad = vmap(grad(client_loss))
             rows["vmap"] = lambda: per_client_grad(params, X, A, Y, M)
         for method, step in rows.items():
-            step()                                          # warm-up
+            step(); sync()                                  # warm-up
             times = []
             for _ in range(o.reps):
-                t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+                t = time.perf_counter(); step(); sync(); times.append(time.perf_counter() - t)
             row = dict(base, load=round(os.getloadavg()[0], 2), clients=k, n_max=n_max, method=method, step_s=statistics.median(times),
                        dense_adjacency_gb=round(dense_gb, 3))
             print(row, flush=True)

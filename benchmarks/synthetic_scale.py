@@ -16,6 +16,8 @@ With --graph-cache DIR the partition and fedavg stages generate each graph once,
 keep it in DIR (torch.save of x, edge_index, y; not committed) and load it (memory-mapped) in later stages: their rows
 then have `graph=cache` and the load time in `load_s` instead of `generate_s` (peak memory still counts the graph);
 a graph not in DIR yet is generated first by a generate stage of its own (its row is recorded).
+The fedavg stage runs on fglit's device (FGLIT_DEVICE): its row names it (`device`) and, on CUDA, the peak of the
+GPU memory torch allocated (`cuda_peak_mb`); generating and partitioning run on the CPU.
 """
 from __future__ import annotations
 
@@ -68,6 +70,10 @@ if stage in ("partition", "fedavg"):
         t = time.perf_counter()
         r = run("fedavg", ds, p, rounds=rounds, local_epochs=1, progress=False, settings={"eval_every": eval_every or rounds})
         out.update(fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]))
+        from benchmarks._common import device_name
+        out["device"] = device_name()
+        if torch.cuda.is_initialized():
+            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
 out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 '''
@@ -75,7 +81,7 @@ print(json.dumps(out))
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
-          "covered", "min_client", "max_client", "communities"]
+          "covered", "min_client", "max_client", "communities", "device", "cuda_peak_mb"]
 
 
 def main() -> int:
