@@ -107,7 +107,7 @@ def is_writable(path: str | os.PathLike) -> bool:
     mode = p.stat().st_mode
     return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(p, os.W_OK)
 
-# %% ../nbs/00_core.ipynb #34a5db34
+# %% ../nbs/00_core.ipynb #ca48001c
 def sorted_unique(values: np.ndarray, copy: bool = True) -> np.ndarray:
     "`np.unique(values)` for a 1-D array, by one sort and a neighbour compare; `copy=False` sorts `values` in place."
     values = np.asarray(values)
