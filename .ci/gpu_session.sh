@@ -62,7 +62,7 @@ split)
   { for k in ${NOTEBOOKS:-$order}; do ls nbs/$k*.ipynb nbs/*/$k*.ipynb 2>/dev/null; done; [ -n "${NOTEBOOKS:-}" ] || ls nbs/*.ipynb nbs/*/*.ipynb; } | awk '!seen[$0]++' > /tmp/nb/list
   ( timeout "$LIMIT" xargs -P "$NB_JOBS" -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
         echo "{} rc=$rc $((SECONDS - t))s" >> $NBOUT/notebooks.log; [ $rc = 0 ] || flock $NBOUT/.lock -c "cat $log >> $NBOUT/notebooks_failed.log" || cat $log >> $NBOUT/notebooks_failed.log' < /tmp/nb/list ) &
-  if [ -n "${TESTS:-}" ]; then mapfile -t ids < "$TESTS"; else ids=(tests); fi      # one id per line, spaces in parameters kept
+  if [ -n "${TESTS:-}" ]; then mapfile -t ids < <(grep -v '^#' "$TESTS"); else ids=(tests); fi   # one id per line (# comments), spaces kept
   timeout "$LIMIT" .venv/bin/python -m pytest "${ids[@]}" -q --gpu -m "${PYTEST_MARKS:-not long}" -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait; rm -f "$OUT/.lock" ;;

@@ -14,7 +14,7 @@ simulation, a CUDA device) is not run, and its row says which. CSV results are a
 sit in one file with a `device` column, beside the CPU machine's file); JSON results are written to
 `<name>_suite[_<tag>]_<device>.json`. `--size tiny` writes to benchmarks/work/tiny unless --out-dir says otherwise, so
 it never touches committed results. `--size short` is sized for one call of a lent GPU machine: the 2.4M-node graph
-with METIS only, on the first device only; the client-scaling curve's sequential engine up to 100 clients; O-pFGL's
+with METIS only (both engines), on the first device only; the client-scaling curve's sequential engine up to 100 clients; O-pFGL's
 sequential engine on seed 0 only. `--budget S` stops the suite S seconds after it starts: a running benchmark is
 stopped there, and those not started are recorded as not run. `--args NAME=ARGS` runs a benchmark with other arguments
 (its row's `size` is then `args`), e.g. one partition of the 2.4M-node graph where a call's time is short.
@@ -65,7 +65,8 @@ BENCHMARKS = [
               tiny=[["--sizes", "2000:10000", "--clients", "2", "--partitions", "metis", "--stages", "fedavg", "--rounds", "1",
                      "--graph-cache", "{work}/graph-cache"]],
               short=[["--sizes", "2449029:61859140", "--clients", "100", "--partitions", "metis", "--stages", "fedavg",
-                      "--rounds", "10", "--graph-cache", "{work}/graph-cache"]], short_first_device_only=True,
+                      "--rounds", "10", "--engines", "stacked", "sequential", "--graph-cache", "{work}/graph-cache"]],
+              short_first_device_only=True,
               about="the 2.4M-node graph: METIS and Louvain into 100 clients, 10 FedAvg rounds, peak memory"),
     Benchmark("fedavg_vs_openfgl", "fedavg_vs_openfgl.py", output="json",
               full=[["--engine", "stacked", "--target-ratio", "0.15"]],

@@ -16,8 +16,10 @@ With --graph-cache DIR the partition and fedavg stages generate each graph once,
 keep it in DIR (torch.save of x, edge_index, y; not committed) and load it (memory-mapped) in later stages: their rows
 then have `graph=cache` and the load time in `load_s` instead of `generate_s` (peak memory still counts the graph);
 a graph not in DIR yet is generated first by a generate stage of its own (its row is recorded).
-The fedavg stage runs on fglit's device (FGLIT_DEVICE): its row names it (`device`) and, on CUDA, the peak of the
-GPU memory torch allocated (`cuda_peak_mb`); generating and partitioning run on the CPU.
+The fedavg stage runs on fglit's device (FGLIT_DEVICE) with each of --engines on one partition, a row per engine: the
+row names the engine and the device and, on CUDA, the peak of the GPU memory torch allocated for that engine
+(`cuda_peak_mb`); its `peak_rss_mb` is the process's peak so far (the engines before it included). Generating and
+partitioning run on the CPU.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import json, resource, sys, time
 import torch
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
-n, m, clients, method, rounds, stage, cache, eval_every = json.loads(sys.argv[1])
+n, m, clients, method, rounds, stage, cache, eval_every, engines = json.loads(sys.argv[1])
 from pathlib import Path
 path = Path(cache) / f"synthetic-{n}-{m}-47c-100f-h0.8-s0.pt" if cache else None
 t = time.perf_counter()
@@ -65,15 +67,22 @@ if stage in ("partition", "fedavg"):
     sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=clients)
     out.update(covered=int(p.covered), min_client=int(sizes.min()), max_client=int(sizes.max()),
                communities=p.info.get("communities"))
-    if stage == "fedavg":
+    if stage == "fedavg":                      # each engine on the same partition, one row each
         from fglit.federation import run
-        t = time.perf_counter()
-        r = run("fedavg", ds, p, rounds=rounds, local_epochs=1, progress=False, settings={"eval_every": eval_every or rounds})
-        out.update(fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]))
         from benchmarks._common import device_name
-        out["device"] = device_name()
-        if torch.cuda.is_initialized():
-            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        for engine in engines:
+            if torch.cuda.is_initialized():
+                torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter()
+            r = run("fedavg", ds, p, rounds=rounds, local_epochs=1, progress=False,
+                    settings={"eval_every": eval_every or rounds, "engine": engine})
+            row = dict(out, engine=engine, fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]),
+                       device=device_name(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            if torch.cuda.is_initialized():
+                row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            print(json.dumps(row), flush=True)
+            del r
+        sys.exit(0)
 out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 '''
@@ -81,7 +90,7 @@ print(json.dumps(out))
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
-          "covered", "min_client", "max_client", "communities", "device", "cuda_peak_mb"]
+          "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb"]
 
 
 def main() -> int:
@@ -91,6 +100,8 @@ def main() -> int:
     ap.add_argument("--partitions", nargs="+", default=["metis", "louvain"])
     ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"])
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--engines", nargs="+", default=["sequential"], choices=["sequential", "stacked"],
+                    help="the fedavg stage runs each, in this order, on one partition (one row each)")
     ap.add_argument("--eval-every", type=int, default=0, help="the FedAvg stage scores every this many rounds (default 0: once, after the last "
                     "round: at 2.4M nodes x 47 classes, scoring every round, AUC included, took most of each round)")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -110,8 +121,11 @@ def main() -> int:
                    eval_every=(o.eval_every or o.rounds) if stage == "fedavg" else None,
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None, o.eval_every], env, o.timeout)
-        log.write({**row, **stage_outcome(results, error)})
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None,
+                                           o.eval_every, o.engines], env, o.timeout)
+        for result in results[:-1] if error is None else results:     # the fedavg stage: one result per engine
+            log.write({**row, **result})
+        log.write({**row, **stage_outcome(results[-1:], error)})
     print(log.summary())
     return 0
 

@@ -49,3 +49,16 @@ def test_scale_benchmark_runs_on_a_tiny_size(tmp_path):
     rows = pd.read_csv(out)
     assert rows.stage.tolist() == ["generate", "partition", "fedavg"] and rows.error.isna().all()
     assert (rows.peak_rss_mb > 0).all() and rows.fedavg_s.notna().iloc[-1] and 0 <= rows.accuracy.iloc[-1] <= 1
+
+
+def test_scale_benchmark_runs_each_engine_on_one_partition(tmp_path):
+    out = tmp_path / "scale.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "synthetic_scale.py"), "--sizes", "2000:10000", "--clients", "3",
+                           "--partitions", "metis", "--stages", "fedavg", "--engines", "sequential", "stacked", "--rounds", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows.stage.tolist() == ["fedavg", "fedavg"] and rows.engine.tolist() == ["sequential", "stacked"]
+    assert rows.error.isna().all() and (rows.fedavg_s > 0).all() and rows.device.str.startswith(("cpu", "cuda")).all()
+    assert rows.partition_s.nunique() == 1                      # one partition for both engines
+    assert abs(rows.accuracy.iloc[0] - rows.accuracy.iloc[1]) < 0.05   # the engines train the same model
