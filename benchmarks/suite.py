@@ -95,7 +95,7 @@ BENCHMARKS = [
               about="start-up time of the fglit command"),
 ]
 NAMES = [b.name for b in BENCHMARKS]
-FIELDS = ["date", "machine", "cpus", "load", "commit", "benchmark", "size", "device", "status", "wall_s", "reason", "output", "command"]
+FIELDS = ["date", "machine", "cpus", "threads", "load", "commit", "benchmark", "size", "device", "status", "wall_s", "reason", "output", "command"]
 
 
 def gpu_tag(name: str | None = None) -> str:
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     o.out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = o.out_dir / "suite_logs"
     log_dir.mkdir(exist_ok=True)
-    base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit())
+    base = dict(machine=platform.node(), cpus=os.cpu_count(), threads=1, commit=short_commit())   # each benchmark: OMP_NUM_THREADS=1
     deadline = time.monotonic() + (o.budget if o.budget else 10 ** 9)
 
     def one(job):
