@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def short_commit() -> str:
-    "The repository's HEAD as a short sha, with '+modified' when fglit/ or benchmarks/ differ from it ('' outside a git checkout)."
+    "The repository's HEAD as a short sha, with '+modified' when code in fglit/ or benchmarks/ differs from it ('' outside a git checkout)."
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -19,11 +19,15 @@ def short_commit() -> str:
     return f"{sha}+modified" if sha and modified("fglit", "benchmarks") else sha
 
 
+CODE_SUFFIXES = (".py", ".c", ".sh")      # what a measurement runs; a changed README does not make a row '+modified'
+
+
 def modified(*paths: str) -> bool | None:
-    "Whether the checkout's `paths` differ from HEAD (uncommitted changes); None when git cannot tell."
+    "Whether code (`CODE_SUFFIXES`) under the checkout's `paths` differs from HEAD (uncommitted changes); None when git cannot tell."
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return bool(out.stdout.strip()) if out.returncode == 0 else None
+        changed = [line[3:].split(" -> ")[-1].strip('"') for line in out.stdout.splitlines()]
+        return any(name.endswith(CODE_SUFFIXES) for name in changed) if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 

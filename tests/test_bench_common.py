@@ -53,5 +53,7 @@ def test_short_commit_marks_a_modified_checkout(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "REPO", repo)
     clean = common.short_commit()
     assert clean and "+" not in clean
+    (repo / "fglit" / "README.md").write_text("notes\n")          # documentation is not what a benchmark measures
+    assert common.short_commit() == clean
     (repo / "fglit" / "a.py").write_text("x = 2\n")
     assert common.short_commit() == clean + "+modified"
