@@ -265,11 +265,12 @@ def main(argv=None) -> int:
     finally:
         if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
     frame = pd.DataFrame(rows)[FIELDS]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out, index=False)
+    from fglit.reproduction import append_row
+    for row in frame.to_dict("records"):                # appended: earlier runs (a before/after pair) stay in the file
+        append_row(args.out, row)
     wide = frame[frame.group != "ratio"].pivot_table(index=["group", "stage"], columns="variant", values="seconds", sort=False)
     print(wide.round(2).to_string())
-    print(f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
+    print(f"appended {len(frame)} rows to {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
     return 0
 
 

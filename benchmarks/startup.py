@@ -6,13 +6,12 @@
 Each command runs as a subprocess (`python -c` doing what the console script does: `from fglit.cli import main`),
 with `PYTHONPATH` set to the checkout, `--reps` times; the runs of the checkouts alternate, so a change in the
 machine's load falls on both. A further run of each command records which heavy modules (`HEAVY`) it imported.
-Writes one row per (checkout, command) to `results/bench/startup.csv`: median, min and max wall time, the heavy
+Appends one row per (checkout, command) to `results/bench/startup.csv`: median, min and max wall time, the heavy
 modules, the checkout's git commit, and the machine (CPU, cores, `OMP_NUM_THREADS`, load average before and after).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -99,14 +98,14 @@ def main(argv=None) -> int:
             rows.append(dict(checkout=label, commit=commit, command=cmd, reps=len(t), median_s=round(statistics.median(t), 3),
                              min_s=round(min(t), 3), max_s=round(max(t), 3),
                              heavy_modules=" ".join(heavy_modules(args.python, path, cmd_args)) or "none", **machine))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader(); writer.writerows(rows)
+    sys.path.insert(0, str(REPO))
+    from fglit.reproduction import append_row
+    for r in rows:                                      # appended: earlier runs (a before/after pair) stay in the file
+        append_row(args.out, r)
     for r in rows:
         print(f"{r['checkout']:>10} {r['commit']:>18}  {r['command']:<18} median {r['median_s']:.3f}s "
               f"(min {r['min_s']:.3f}, max {r['max_s']:.3f})  heavy: {r['heavy_modules']}")
-    print(f"wrote {args.out} (load average {load_before[0]:.2f} -> {load_after[0]:.2f}, {os.cpu_count()} CPU(s))")
+    print(f"appended {len(rows)} rows to {args.out} (load average {load_before[0]:.2f} -> {load_after[0]:.2f}, {os.cpu_count()} CPU(s))")
     return 0
 
 
