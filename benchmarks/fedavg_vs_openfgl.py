@@ -77,6 +77,7 @@ def cli():
     p.add_argument("--target-ratio", type=float, default=0.5, help="the issue's target: fglit time <= this x OpenFGL's")
     p.add_argument("--data", default=None, help="datasets folder holding Cora/raw (default: $FGLIT_DATA, else ../shared/datasets)")
     p.add_argument("--openfgl-python", default=str(OPENFGL_PY))
+    p.add_argument("--work", type=Path, default=WORK, help="scratch folder: OpenFGL's data and fglit's throwaway cache (one per concurrent run)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="both libraries on this device (fglit's FGLIT_DEVICE, OpenFGL's use_cuda); cuda needs an OpenFGL "
                         "installed over a CUDA torch (--openfgl-python), which setup_openfgl.sh does not make")
@@ -100,7 +101,7 @@ def run_openfgl(o, seed: int, protocol: str, raw: Path) -> dict:
     if not py.exists():
         return dict(ok=False, error=f"no OpenFGL venv at {py}: run `bash benchmarks/setup_openfgl.sh` first")
     cmd = [str(py), str(OPENFGL_SCRIPT), "--seed", str(seed), "--raw", str(raw),
-           "--work", str(WORK / "openfgl-data" / protocol),
+           "--work", str(o.work / "openfgl-data" / protocol),
            "--clients", str(o.clients), "--rounds", str(o.rounds), "--epochs", str(o.epochs),
            "--hidden", str(o.hidden), "--lr", str(o.lr), "--weight-decay", str(o.weight_decay),
            "--dropout", str(o.dropout), "--evaluation-mode", PROTOCOLS[protocol][0], "--threads", str(o.threads),
@@ -239,7 +240,7 @@ def main():
     o = cli()
     if o.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(o.threads))
-    os.environ.setdefault("FGLIT_CACHE", str(WORK / "fglit-cache"))   # a throwaway cache, wiped before each fglit run
+    os.environ.setdefault("FGLIT_CACHE", str(o.work / "fglit-cache"))   # a throwaway cache, wiped before each fglit run
     os.environ["FGLIT_DEVICE"] = o.device                             # the device OpenFGL runs on too (its use_cuda)
     data = data_root(o.data)
     os.environ.setdefault("FGLIT_DATA", str(data))

@@ -22,12 +22,14 @@ stopped there, and those not started are recorded as not run. `--args NAME=ARGS`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -147,7 +149,8 @@ def commands(bench: Benchmark, size: str, out: Path, work: Path, device: str, op
              overrides: dict | None = None) -> list[list[str]]:
     """The processes `bench` runs at `size` (or with the argument lists `overrides[bench.name]`): one argument list each,
     with its output file and, for OpenFGL, the device and interpreter."""
-    extra = ["--openfgl-python", str(openfgl_python), "--device", device.split(":")[0]] if bench.name == "fedavg_vs_openfgl" else []
+    extra = (["--openfgl-python", str(openfgl_python), "--device", device.split(":")[0], "--work", str(work / f"openfgl-{device.split(':')[0]}")]
+             if bench.name == "fedavg_vs_openfgl" else [])
     sized = {"full": bench.full, "short": bench.short or bench.full, "tiny": bench.tiny}[size]
     lists = (overrides or {}).get(bench.name) or sized
     return [[sys.executable, str(HERE / bench.script), *[a.format(work=work) for a in args], *extra, "--out", str(out)]
@@ -165,6 +168,18 @@ def parse_overrides(items: list[str]) -> dict[str, list[list[str]]]:
     return out
 
 
+def run_group(cmd: list[str], log, env: dict, timeout: float) -> int:
+    "Run `cmd` in a process group of its own, output to `log`; past `timeout` the whole group (its stage processes, Ray) is killed."
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
 def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
     "Run one (benchmark, device): its processes one after another, until the first failure or the deadline."
     out = out_path(bench, o.out_dir, tag, device)
@@ -175,8 +190,10 @@ def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
     why = why_not(bench, device, o)
     if why:
         return dict(row, status="skipped", reason=why)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FGLIT_DEVICE": device, "PYTHONUNBUFFERED": "1"}
     log = log_dir / f"{bench.name}_{device.split(':')[0]}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FGLIT_DEVICE": device, "PYTHONUNBUFFERED": "1"}
+    if bench.name == "fedavg_vs_openfgl":      # it empties its fglit cache before each run: one of its own per device (--jobs)
+        env["FGLIT_CACHE"] = str(o.work / f"openfgl-{device.split(':')[0]}" / "fglit-cache")
     start = time.perf_counter()
     with open(log, "w") as fh:
         for cmd in cmds:
@@ -185,7 +202,7 @@ def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
                 return dict(row, status="stopped", wall_s=time.perf_counter() - start, reason="the suite's --budget ran out first")
             fh.write(f"$ {shlex.join(cmd)}\n"); fh.flush()
             try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, timeout=min(left, o.timeout)).returncode
+                rc = run_group(cmd, fh, env, min(left, o.timeout))
             except subprocess.TimeoutExpired:
                 reason = "the suite's --budget ran out" if left < o.timeout else f"over --timeout {o.timeout:.0f} s"
                 return dict(row, status="stopped", wall_s=time.perf_counter() - start, reason=f"{reason} (log: {log.name})")
