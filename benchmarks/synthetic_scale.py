@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import RowLog, run_stage, short_commit, stage_env, stage_outcome  # noqa: E402
 
 STAGE = r'''
-import json, resource, sys, time
+import json, os, resource, sys, time
 import torch
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
@@ -53,8 +53,9 @@ else:
     out = {"generate_s": time.perf_counter() - t, "graph": "generated"}
     if path is not None and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"x": g.x, "edge_index": g.edge_index, "y": g.y}, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").rename(path)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")      # its own name: two runs at once (the suite's --jobs) may both write
+        torch.save({"x": g.x, "edge_index": g.edge_index, "y": g.y}, tmp)
+        tmp.rename(path)
 out["directed_edges"] = int(g.edge_index.size(1))
 if stage in ("partition", "fedavg"):
     from fglit.own_data import as_dataset
