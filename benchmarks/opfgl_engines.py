@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--stage-workers", type=int, nargs="+", default=[1], metavar="N",
                     help="the stacked engine once per N: its two stages shared by N forked processes (O-pFGL's stage_workers)")
     ap.add_argument("--surrogate-kernels", nargs="+", default=["torch"], choices=["torch", "c"],
-                    help="the stacked engine once per kernel of the surrogate graph (O-pFGL's surrogate_kernel; 'c' compiles a small C routine)")
+                    help="the stacked engine once per kernel of the surrogate graph (O-pFGL's surrogate_kernel; 'c' compiles a small C routine and runs on the CPU only: left out on CUDA)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="O-pFGL settings over the paper's (e.g. shorter schedules for a smoke run)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "opfgl_engines.csv")
     o = ap.parse_args()
@@ -46,6 +46,10 @@ def main() -> int:
     from benchmarks._common import device_name
     from fglit.cli import parse_settings          # the CLI's --set: numbers and booleans typed
     extra = parse_settings(o.set)
+    from fglit.core import get_device
+    if get_device().type != "cpu" and "c" in o.surrogate_kernels:     # O-pFGL would warn and build it with torch: not a C row
+        print(f"surrogate kernel 'c' runs on the CPU only: left out on {get_device()}", file=sys.stderr)
+        o.surrogate_kernels = [k for k in o.surrogate_kernels if k != "c"] or ["torch"]
     ds = load_dataset(o.dataset)
     algo = get_algorithm("opfgl")
     for seed in o.seeds:
