@@ -83,9 +83,9 @@ if stage in ("partition", "fedavg"):
                 row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             print(json.dumps(row), flush=True)
             del r
-        sys.exit(0)
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(out))
+if stage != "fedavg":                          # (the fedavg stage printed a row per engine)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
 '''
 
 
@@ -124,9 +124,10 @@ def main() -> int:
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None,
                                            o.eval_every, o.engines], env, o.timeout)
-        for result in results[:-1] if error is None else results:     # the fedavg stage: one result per engine
+        for result in results:                 # the fedavg stage: one result per engine
             log.write({**row, **result})
-        log.write({**row, **stage_outcome(results[-1:], error)})
+        if error or not results:               # and the error that ended it, after the results it printed first
+            log.write({**row, **stage_outcome([], error)})
     print(log.summary())
     return 0
 
