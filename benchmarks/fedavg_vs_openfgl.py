@@ -240,7 +240,7 @@ def main():
     o = cli()
     if o.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(o.threads))
-    os.environ.setdefault("FGLIT_CACHE", str(o.work / "fglit-cache"))   # a throwaway cache, wiped before each fglit run
+    os.environ["FGLIT_CACHE"] = str(o.work / "fglit-cache")            # its own throwaway cache, emptied before each fglit run (never the user's)
     os.environ["FGLIT_DEVICE"] = o.device                             # the device OpenFGL runs on too (its use_cuda)
     data = data_root(o.data)
     os.environ.setdefault("FGLIT_DATA", str(data))

@@ -150,7 +150,8 @@ def commands(bench: Benchmark, size: str, out: Path, work: Path, device: str, op
              overrides: dict | None = None) -> list[list[str]]:
     """The processes `bench` runs at `size` (or with the argument lists `overrides[bench.name]`): one argument list each,
     with its output file and, for OpenFGL, the device and interpreter."""
-    extra = (["--openfgl-python", str(openfgl_python), "--device", device.split(":")[0], "--work", str(work / f"openfgl-{device.split(':')[0]}")]
+    extra = (["--openfgl-python", str(openfgl_python), "--device", device.split(":")[0],
+              "--work", str(work / f"openfgl-{device.split(':')[0]}")]     # its data and throwaway cache: one per device (--jobs)
              if bench.name == "fedavg_vs_openfgl" else [])
     sized = {"full": bench.full, "short": bench.short or bench.full, "tiny": bench.tiny}[size]
     lists = (overrides or {}).get(bench.name) or sized
@@ -193,8 +194,6 @@ def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
         return dict(row, status="skipped", reason=why)
     log = log_dir / f"{bench.name}_{device.split(':')[0]}.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FGLIT_DEVICE": device, "PYTHONUNBUFFERED": "1"}
-    if bench.name == "fedavg_vs_openfgl":      # it empties its fglit cache before each run: one of its own per device (--jobs)
-        env["FGLIT_CACHE"] = str(o.work / f"openfgl-{device.split(':')[0]}" / "fglit-cache")
     start = time.perf_counter()
     with open(log, "w") as fh:
         for cmd in cmds:
