@@ -3,9 +3,9 @@
 # build .venv over the image's CUDA torch (.ci/offline_venv.sh), then run make test-gpu's two commands with logs under
 # $OUT. MODE=both runs the notebooks and pytest side by side (the quicker first look); MODE=none runs no tests (the benchmarks alone); MODE=make runs `make test-gpu`
 # itself, pytest spread over processes through PYTEST_ADDOPTS; MODE=split runs each notebook on its own and logs every
-# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=1 also runs the benchmarks beside the tests (BENCH=quiet: the client-scaling curves first, on a quiet machine; SCALE_BOTH, SCALE_STACKED, OPFGL_ENGINES pick the sizes and engines)
-# (client scaling on CUDA and on the CPU of the same machine, O-pFGL's two engines on CUDA), their CSVs under $OUT/bench.
-# BENCH=suite runs benchmarks/suite.py's whole suite first (--size short: one call's worth; see the branch below).
+# outcome as it comes (FGLIT_TEST_LOG), for calls that may be cut off. BENCH=suite (any BENCH but 0) runs benchmarks/suite.py
+# first, on a quiet machine (--size short: one call's worth, on CUDA and the same machine's CPU; see the branch below), its
+# CSVs under $OUT/bench. (Runs 6 to 9 used an earlier BENCH=1/quiet: client scaling and O-pFGL's engines alone, now in the suite.)
 # NB_JOBS and PYTEST_JOBS set how many notebooks and pytest processes run at once; in MODE=split, NOTEBOOKS (name prefixes)
 # and TESTS (a file of test files or node ids, one per line) run only those, in that order (PYTEST_MARKS: default "not long"), e.g. what a cut-off call did not reach. Prepare here first (see nbs/90_gpu.ipynb):
 #   python3 .ci/download_wheels.py .gpu/whl && tar -cJf .gpu/ds.tar.xz -C "$FGLIT_DATA" --exclude=processed .
@@ -24,7 +24,7 @@ else PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$O
 echo "setup took $((SECONDS - START)) s"
 LIMIT=${LIMIT:-420}
 NB_JOBS=${NB_JOBS:-5}; PYTEST_JOBS=${PYTEST_JOBS:-11}
-if [ "${BENCH:-0}" = suite ]; then
+if [ "${BENCH:-0}" != 0 ]; then
   # benchmarks/suite.py at --size short (SUITE_SIZE) on $DEV and this machine's CPU, SUITE_JOBS at once, within BENCH_LIMIT;
   # the tests start after it (a quiet machine for the timings). OpenFGL's wheels carried in .gpu/openfgl (download_wheels.py
   # --openfgl) go into .venv, over the image's CUDA torch, for the side-by-side on CUDA. SUITE_ARGS: more suite options.
@@ -34,17 +34,6 @@ if [ "${BENCH:-0}" = suite ]; then
   timeout $((BLIMIT + 30)) .venv/bin/python benchmarks/suite.py --size "${SUITE_SIZE:-short}" --devices $devices --jobs "${SUITE_JOBS:-6}" \
       --budget "$BLIMIT" --out-dir "$OUT/bench" --work /tmp/fglit-bench "${ofpy[@]}" ${SUITE_ARGS:-} > "$OUT/bench/log_suite.txt" 2>&1
   echo "suite rc=$? after $((SECONDS - START)) s"; tail -20 "$OUT/bench/log_suite.txt"
-elif [ "${BENCH:-0}" != 0 ]; then
-  mkdir -p "$OUT/bench"; BLIMIT=${BENCH_LIMIT:-$LIMIT}; DEADLINE=$((SECONDS + BLIMIT))
-  scaling() {   # $1: device; the same graph into SCALE_BOTH clients under both engines, then SCALE_STACKED under the stacked one
-    FGLIT_DEVICE=$1 timeout "$BLIMIT" .venv/bin/python benchmarks/client_scaling.py --clients ${SCALE_BOTH:-10 100 1000} --out "$OUT/bench/client_scaling_$1.csv" --timeout 200
-    [ $((DEADLINE - SECONDS)) -gt 5 ] && FGLIT_DEVICE=$1 timeout $((DEADLINE - SECONDS)) .venv/bin/python benchmarks/client_scaling.py --clients ${SCALE_STACKED:-10000} --engines stacked --out "$OUT/bench/client_scaling_$1.csv" --timeout 200; }
-  ( scaling $DEV > "$OUT/bench/log_$DEV.txt" 2>&1 ) & SCALE_DEV=$!
-  SCALE_CPU=; [ "$DEV" = cpu ] || { ( scaling cpu > "$OUT/bench/log_cpu.txt" 2>&1 ) & SCALE_CPU=$!; }   # the same machine's CPU beside it
-  ( FGLIT_DEVICE=$DEV timeout "${OPFGL_LIMIT:-$LIMIT}" .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --engines ${OPFGL_ENGINES:-sequential stacked} \
-      --out "$OUT/bench/opfgl_engines_$DEV.csv" > "$OUT/bench/log_opfgl.txt" 2>&1 ) &
-  # BENCH=quiet: the tests start once the scaling curves are done, so that those timings are taken on a quiet machine
-  if [ "$BENCH" = quiet ]; then wait $SCALE_DEV $SCALE_CPU; echo "benchmarks' quiet phase took $((SECONDS - START)) s"; fi
 fi
 case "${MODE:-both}" in
 both)
@@ -72,7 +61,6 @@ make)
   echo "make test-gpu rc=$?" >> "$OUT/make_test_gpu.log" ;;
 none) ;;
 esac
-wait   # the benchmarks, each under its own timeout
 [ -d "$OUT/bench" ] && tar -czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"   # one file back (the tool returns at most 8)
 echo "total $((SECONDS - START)) s"
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "rc=[^0]|Error in|FAILED|passed|failed|Success" "$f" | tail -25; done
