@@ -44,12 +44,12 @@ def main() -> int:
     pins = [line for line in freeze if "==" in line and not line.startswith("#")]
     skip = {canonical(k) for k in o.skip}
     wanted = [p for p in pins if canonical(p.split("==")[0]) not in image | skip and not SKIP.match(canonical(p.split("==")[0]))]
-    o.dest.mkdir(parents=True, exist_ok=True)
     plat = [arg for p in PLATFORMS for arg in ("--platform", p)]
     failed = []
     jobs = [(pin, o.dest) for pin in wanted] + ([(pin, o.openfgl) for pin in OPENFGL] if o.openfgl else [])
-    for pin, dest in jobs:
+    for dest in {d for _, d in jobs} | {o.dest}:
         dest.mkdir(parents=True, exist_ok=True)
+    for pin, dest in jobs:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                             "--python-version", o.python_version, "--implementation", "cp", *plat, "-d", str(dest), pin],
                            capture_output=True, text=True)
