@@ -47,11 +47,13 @@ def main() -> int:
     from fglit.cli import parse_settings          # the CLI's --set: numbers and booleans typed
     extra = parse_settings(o.set)
     from fglit.core import get_device
-    if get_device().type != "cpu" and "c" in o.surrogate_kernels:     # O-pFGL would warn and build it with torch: not a C row
-        print(f"surrogate kernel 'c' runs on the CPU only: left out on {get_device()}", file=sys.stderr)
+    from fglit.algorithms.opfgl_kernel import check_kernel_setting
+    algo, ds = get_algorithm("opfgl"), load_dataset(o.dataset)
+    # what holds for every graph of this run (device, hops): where the C routine cannot run, a 'c' run would be a torch one
+    why = check_kernel_setting(make_config(algo.config, {**algo.defaults_for(ds.name, o.partition), **extra}), True, get_device())
+    if why and "c" in o.surrogate_kernels:
+        print(f"surrogate kernel 'c' left out: {why}", file=sys.stderr)
         o.surrogate_kernels = [k for k in o.surrogate_kernels if k != "c"] or ["torch"]
-    ds = load_dataset(o.dataset)
-    algo = get_algorithm("opfgl")
     for seed in o.seeds:
         part = partition(ds, o.partition, o.clients, seed=seed)
         runs = [(e, w, k) for e in o.engines for k in (o.surrogate_kernels if e == "stacked" else ["torch"])
@@ -65,7 +67,9 @@ def main() -> int:
                          callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
-                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, surrogate_kernel=kernel, device=device_name(),
+                       dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, device=device_name(),
+                       # the kernel that built the graph: 'c' asked for on a graph it does not cover is built (and written) as torch
+                       surrogate_kernel=box["server"].graph.kernel if box["server"].graph is not None else "none",
                        simulate_s=time.perf_counter() - t,
                        surrogate_s=box["server"].graph.seconds if box["server"].graph is not None else 0.0,
                        # each stage's wall time: the clients' one after another (sequential), or their one shared stage (stacked)

@@ -530,6 +530,7 @@ def test_surrogate_kernel_c_follows_the_torch_path(tmp_path, monkeypatch):
     for col in ("align", "smooth", "loss"):
         assert ((t[col] - c[col]).abs() <= 1e-4 * t[col].abs() + 1e-9).all(), col
     assert torch.allclose(runs["torch"].x, runs["c"].x, atol=1e-4)
+    assert runs["torch"].kernel == "torch" and runs["c"].kernel == "c"      # each graph says which kernel built it
 
 
 @needs_cc
@@ -542,6 +543,7 @@ def test_surrogate_kernel_c_hands_what_it_does_not_cover_to_torch(tmp_path, monk
         c = generate_surrogate(mean, var, count, count, d, OpFGLConfig(surrogate_iters=20, surrogate_nodes_per_class=2, surrogate_kernel="c"), seed=0)
     t = generate_surrogate(mean, var, count, count, d, OpFGLConfig(surrogate_iters=20, surrogate_nodes_per_class=2), seed=0)
     assert torch.equal(c.x, t.x) and torch.equal(c.edge_weight, t.edge_weight)
+    assert c.kernel == t.kernel == "torch"          # asked for 'c', built by torch: the graph records torch
 
 
 def test_surrogate_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):

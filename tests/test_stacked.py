@@ -69,6 +69,20 @@ def test_opfgl_engines_benchmark_runs_on_a_tiny_size(tmp_path):
     assert rows[rows.surrogate_kernel == "c"].accuracy.nunique() <= 1
 
 
+def test_opfgl_engines_benchmark_writes_the_kernel_that_built_the_graph(tmp_path):
+    "Asked for the C routine on a graph it does not cover (two surrogate nodes per class), O-pFGL builds it with torch, and the row says torch."
+    import shutil
+    if not (shutil.which("cc") or shutil.which("gcc")): pytest.skip("surrogate_kernel='c' needs a C compiler")
+    out = tmp_path / "opfgl.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "opfgl_engines.py"), "--seeds", "0", "--out", str(out),
+                           "--engines", "stacked", "--surrogate-kernels", "c", "--set", "surrogate_nodes_per_class=2",
+                           "surrogate_iters=5", "stage1_iters=5", "finetune_iters=5"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "does not cover this graph" in proc.stderr
+    assert pd.read_csv(out).surrogate_kernel.tolist() == ["torch"]
+
+
 @pytest.mark.parametrize("privacy", [{"secure_aggregation": True}, {"dp_noise": 0.5, "dp_clip": 1.0, "dp_seeded_noise": True}])
 def test_the_uplink_works_the_same_on_the_stacked_engine(privacy):
     "Each client still seals its own reply: secure aggregation and (seeded) DP noise give the sequential engine's results."

@@ -290,13 +290,14 @@ def surrogate_class_sizes(count_labeled: Tensor, present: Tensor, config: OpFGLC
 
 @dataclass
 class SurrogateGraph:
-    "The downloaded graph: features `[n, F]`, labels `[n]`, weighted edges, and the generation log."
+    "The downloaded graph: features `[n, F]`, labels `[n]`, weighted edges, the generation log and time, and the kernel that built it (`'torch'`, or `'c'` where `surrogate_kernel='c'` covered the graph)."
     x: Tensor
     y: Tensor
     edge_index: Tensor
     edge_weight: Tensor
     history: list | None = None
     seconds: float = 0.0
+    kernel: str = "torch"
 
     @property
     def num_nodes(self) -> int: return self.x.size(0)
@@ -392,7 +393,7 @@ def generate_surrogate(mean: Tensor, var: Tensor, count: Tensor, count_labeled: 
     with torch.no_grad():
         a = graph(x.detach())
     ei = a.nonzero().T
-    return SurrogateGraph(x.detach(), y, ei, a[ei[0], ei[1]], history, time.perf_counter() - start)
+    return SurrogateGraph(x.detach(), y, ei, a[ei[0], ei[1]], history, time.perf_counter() - start, "c" if use_c else "torch")
 
 # %% ../../nbs/20_opfgl.ipynb #eb0097d8
 def distillation_weights(soft: Tensor, class_h: Tensor, alpha: float, lo: float = 0.0, hi: float = 1.0) -> Tensor:
