@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: the commit they ran at, the device in words, a stage run in a fresh interpreter, and a dataset given by name or as a synthetic graph spec."""
+"""What the benchmark scripts share: the commit they ran at, the device in words, a stage run in a fresh interpreter, a dataset given by name or as a synthetic graph spec, and O-pFGL's parts of a run."""
 from __future__ import annotations
 
 import json
@@ -97,3 +97,12 @@ def bench_dataset(spec: str):
         return as_dataset(synthetic_graph(n, m, c, f, homophily=0.8, feature_signal=0.5, seed=0), name=f"synthetic-{n}")
     from fglit.data import load_dataset
     return load_dataset(spec)
+
+
+def opfgl_parts(server, logs: list[dict], engine: str) -> dict:
+    """O-pFGL's parts of one run, from its server and its clients' logs (a `callback` keeps both): the surrogate graph's time
+    and the kernel that built it ('none' without a graph), and each stage's wall time: the clients' one after another
+    under the sequential engine, their one shared stage under the stacked one (the slowest process's, with stage_workers)."""
+    graph = server.graph
+    return dict(surrogate_s=graph.seconds if graph is not None else 0.0, surrogate_kernel=graph.kernel if graph is not None else "none",
+                **{f"{k}_s": (max if engine == "stacked" else sum)(log.get(f"{k}_s", 0.0) for log in logs) for k in ("stage1", "stage2")})

@@ -43,7 +43,7 @@ def main() -> int:
     from fglit.federation import get_algorithm, git_commit, make_config, simulate
     from fglit.partition import partition
     from fglit.reproduction import append_row
-    from benchmarks._common import device_name
+    from benchmarks._common import device_name, opfgl_parts
     from fglit.cli import parse_settings          # the CLI's --set: numbers and booleans typed
     extra = parse_settings(o.set)
     from fglit.core import get_device
@@ -68,12 +68,9 @@ def main() -> int:
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
                        dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, device=device_name(),
-                       # the kernel that built the graph: 'c' asked for on a graph it does not cover is built (and written) as torch
-                       surrogate_kernel=box["server"].graph.kernel if box["server"].graph is not None else "none",
                        simulate_s=time.perf_counter() - t,
-                       surrogate_s=box["server"].graph.seconds if box["server"].graph is not None else 0.0,
-                       # each stage's wall time: the clients' one after another (sequential), or their one shared stage (stacked)
-                       **{f"{k}_s": (max if engine == "stacked" else sum)(log.get(f"{k}_s", 0.0) for log in box["logs"]) for k in ("stage1", "stage2")},
+                       # the kernel that built the graph ('c' asked for on a graph it does not cover is built, and written, as torch)
+                       **opfgl_parts(box["server"], box["logs"], engine),
                        accuracy=float(r.scores()["accuracy"]), f1_macro=float(r.scores()["f1_macro"]))
             print(row, flush=True)
             append_row(o.out, row)

@@ -1,10 +1,10 @@
 """Synthetic graphs up to the papers' largest size (ogbn-products: 2.4M nodes, 62M edges, 100 features, 47 classes):
-wall time and peak memory of each stage: generating the graph (fglit.synthetic), partitioning it (METIS, Louvain)
-and a short FedAvg run on the partition.
+wall time and peak memory of each stage: generating the graph (fglit.synthetic), partitioning it (METIS, Louvain),
+a short FedAvg run on the partition, and O-pFGL on it (the surrogate graph and each training stage timed apart).
 
     .venv/bin/python benchmarks/synthetic_scale.py [--sizes 100000:2500000 2449029:61859140] [--clients 10 100]
-        [--partitions metis louvain louvain:igraph louvain:sknetwork] [--rounds 1] [--stages generate partition fedavg]
-        [--graph-cache DIR] [--out results/bench/synthetic_scale.csv]
+        [--partitions metis louvain louvain:igraph louvain:sknetwork] [--rounds 1] [--stages generate partition fedavg opfgl]
+        [--opfgl-set stage1_iters=100 finetune_iters=100 stage_workers=2] [--graph-cache DIR] [--out results/bench/synthetic_scale.csv]
 
 Each (size, stage) runs in its own process, so its peak resident memory (ru_maxrss) is its own; a stage that runs past
 --timeout seconds is recorded as such. One torch thread (OMP_NUM_THREADS=1), as every fglit timing. Rows are appended
@@ -20,6 +20,13 @@ The fedavg stage runs on fglit's device (FGLIT_DEVICE) with each of --engines on
 row names the engine and the device and, on CUDA, the peak of the GPU memory torch allocated for that engine
 (`cuda_peak_mb`); its `peak_rss_mb` is the process's peak so far (the engines before it included). Generating and
 partitioning run on the CPU.
+
+The opfgl stage runs O-pFGL (the paper's settings, with --opfgl-set over them: a shorter schedule at this size; stage_workers applies to the stacked engine) once per
+--engines on one partition, a row per engine: `opfgl_s` the whole run, `surrogate_s`, `stage1_s`, `stage2_s` its parts
+(the stacked engine's stages are one shared computation; the sequential one's the clients' sum) and the settings used.
+With --graph-cache, a partition stage also keeps its partition there as a partition file, and the opfgl stage loads it
+(`partition_load_s`) instead of partitioning: its `peak_rss_mb` is then O-pFGL's own, not the partitioner's (METIS at
+2.4M nodes peaks at 21 GB); a partition not in the cache yet is made first by a partition stage of its own (its row recorded).
 """
 from __future__ import annotations
 
@@ -39,9 +46,9 @@ import json, os, resource, sys, time
 import torch
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
-n, m, clients, method, rounds, stage, cache, eval_every, engines = json.loads(sys.argv[1])
+n, m, clients, method, rounds, stage, path, part_file, eval_every, engines, opfgl_settings = json.loads(sys.argv[1])
 from pathlib import Path
-path = Path(cache) / f"synthetic-{n}-{m}-47c-100f-h0.8-s0.pt" if cache else None
+path, part_file = (Path(f) if f else None for f in (path, part_file))      # the graph cache's files (None: no cache)
 t = time.perf_counter()
 if path is not None and path.exists() and stage != "generate":
     from torch_geometric.data import Data
@@ -57,14 +64,21 @@ else:
         torch.save({"x": g.x, "edge_index": g.edge_index, "y": g.y}, tmp)
         tmp.rename(path)
 out["directed_edges"] = int(g.edge_index.size(1))
-if stage in ("partition", "fedavg"):
+if stage in ("partition", "fedavg", "opfgl"):
     from fglit.own_data import as_dataset
-    from fglit.partition import partition
+    from fglit.partition import load_partition_file, partition, save_partition_file
     ds = as_dataset(g, name=f"synthetic-{n}")
     name, _, backend = method.partition(":")
     t = time.perf_counter()
-    p = partition(ds, name, clients, seed=0, cache=False, **({"louvain_backend": backend} if backend else {}))
-    out["partition_s"] = time.perf_counter() - t
+    if stage == "opfgl" and part_file is not None and part_file.exists():     # the partition stage's, kept in the cache
+        p = load_partition_file(ds, part_file)
+        out["partition_load_s"] = time.perf_counter() - t
+    else:
+        p = partition(ds, name, clients, seed=0, cache=False, **({"louvain_backend": backend} if backend else {}))
+        out["partition_s"] = time.perf_counter() - t
+        if stage == "partition" and part_file is not None:
+            tmp = part_file.with_name(f"{part_file.stem}.{os.getpid()}.tmp.npz")
+            save_partition_file(p, tmp); tmp.rename(part_file)
     sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=clients)
     out.update(covered=int(p.covered), min_client=int(sizes.min()), max_client=int(sizes.max()),
                communities=p.info.get("communities"))
@@ -83,7 +97,25 @@ if stage in ("partition", "fedavg"):
                 row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             print(json.dumps(row), flush=True)
             del r
-if stage != "fedavg":                          # (the fedavg stage printed a row per engine)
+    if stage == "opfgl":                       # O-pFGL with each engine on the same partition, one row each
+        from fglit.federation import run
+        from benchmarks._common import device_name, opfgl_parts
+        for engine in engines:
+            if torch.cuda.is_initialized():
+                torch.cuda.reset_peak_memory_stats()
+            box, settings = {}, {**opfgl_settings, "engine": engine}
+            if engine == "sequential": settings.pop("stage_workers", None)      # processes share the stacked engine's stages only
+            t = time.perf_counter()
+            r = run("opfgl", ds, p, progress=False, settings=settings,
+                    callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
+            row = dict(out, engine=engine, stage_workers=settings.get("stage_workers", 1), opfgl_s=time.perf_counter() - t, **opfgl_parts(box["server"], box["logs"], engine),
+                       accuracy=float(r.summary()["accuracy_mean"]), device=device_name(),
+                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            if torch.cuda.is_initialized():
+                row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            print(json.dumps(row), flush=True)
+            del r, box
+if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per engine)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 '''
@@ -91,7 +123,18 @@ if stage != "fedavg":                          # (the fedavg stage printed a row
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
-          "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb"]
+          "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
+          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "partition_load_s"]
+
+
+def graph_file(cache: Path, size: str) -> Path:
+    "Where the graph cache keeps the graph of `size` ('NODES:EDGES')."
+    return cache / f"synthetic-{size.replace(':', '-')}-47c-100f-h0.8-s0.pt"
+
+
+def partition_file(cache: Path, size: str, method: str | None, clients: int | None) -> Path:
+    "Where the graph cache keeps that graph's partition by `method` into `clients` clients (a partition file, seed 0)."
+    return graph_file(cache, size).with_name(f"{graph_file(cache, size).stem}-{str(method).replace(':', '-')}-k{clients}-s0.npz")
 
 
 def main() -> int:
@@ -99,10 +142,12 @@ def main() -> int:
     ap.add_argument("--sizes", nargs="+", default=["100000:2500000", "1000000:25000000", "2449029:61859140"], metavar="NODES:EDGES")
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--partitions", nargs="+", default=["metis", "louvain"])
-    ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"])
+    ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"], choices=["generate", "partition", "fedavg", "opfgl"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--engines", nargs="+", default=["sequential"], choices=["sequential", "stacked"],
-                    help="the fedavg stage runs each, in this order, on one partition (one row each)")
+                    help="the fedavg and opfgl stages run each, in this order, on one partition (one row each)")
+    ap.add_argument("--opfgl-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="the opfgl stage's settings over the paper's (e.g. stage1_iters=100 finetune_iters=100 stage_workers=2)")
     ap.add_argument("--eval-every", type=int, default=0, help="the FedAvg stage scores every this many rounds (default 0: once, after the last "
                     "round: at 2.4M nodes x 47 classes, scoring every round, AUC included, took most of each round)")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -111,19 +156,29 @@ def main() -> int:
     o = ap.parse_args()
     env, log = stage_env(), RowLog(o.out, FIELDS)
     base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
-    cached = lambda size: o.graph_cache is not None and (o.graph_cache / f"synthetic-{size.replace(':', '-')}-47c-100f-h0.8-s0.pt").exists()
-    needs_graph = bool({"partition", "fedavg"} & set(o.stages)) and o.graph_cache is not None
+    cached = lambda size: o.graph_cache is not None and graph_file(o.graph_cache, size).exists()
+    needs_graph = bool({"partition", "fedavg", "opfgl"} & set(o.stages)) and o.graph_cache is not None
     jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
-    jobs += [(size, stage, method, k) for size in o.sizes for stage in ("partition", "fedavg") if stage in o.stages
-             for method in o.partitions for k in o.clients]
+    for size in o.sizes:
+        for stage in ("partition", "fedavg", "opfgl"):
+            if stage not in o.stages: continue
+            for method in o.partitions:
+                for k in o.clients:
+                    if (stage == "opfgl" and o.graph_cache is not None and "partition" not in o.stages
+                            and not partition_file(o.graph_cache, size, method, k).exists()):
+                        jobs.append((size, "partition", method, k))      # its partition file, made apart (its own peak memory)
+                    jobs.append((size, stage, method, k))
+    from fglit.cli import parse_settings      # the CLI's --set: numbers and booleans typed
+    opfgl_settings = parse_settings(o.opfgl_set)
     for size, stage, method, k in jobs:
         n, m = (int(v) for v in size.split(":"))
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
                    eval_every=(o.eval_every or o.rounds) if stage == "fedavg" else None,
+                   settings=" ".join(o.opfgl_set) if stage == "opfgl" else None,
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, str(o.graph_cache) if o.graph_cache else None,
-                                           o.eval_every, o.engines], env, o.timeout)
+        files = [str(graph_file(o.graph_cache, size)), str(partition_file(o.graph_cache, size, method, k))] if o.graph_cache else [None, None]
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, o.engines, opfgl_settings], env, o.timeout)
         for result in results:                 # the fedavg stage: one result per engine
             log.write({**row, **result})
         if error or not results:               # and the error that ended it, after the results it printed first

@@ -1,4 +1,5 @@
 """fglit.synthetic at sizes a test affords, and the scale benchmark on a tiny size (CI runs only this size)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,25 @@ def test_scale_benchmark_runs_each_engine_on_one_partition(tmp_path):
     assert rows.error.isna().all() and (rows.fedavg_s > 0).all() and rows.device.str.startswith(("cpu", "cuda")).all()
     assert rows.partition_s.nunique() == 1                      # one partition for both engines
     assert abs(rows.accuracy.iloc[0] - rows.accuracy.iloc[1]) < 0.05   # the engines train the same model
+
+
+def test_scale_benchmark_runs_opfgl_on_a_kept_partition(tmp_path):
+    "The opfgl stage: with a graph cache, a partition stage of its own keeps the partition as a file and O-pFGL loads it; one row per engine, with the surrogate graph and both stages timed, and the settings used."
+    out, cache = tmp_path / "scale.csv", tmp_path / "cache"
+    args = [sys.executable, str(REPO / "benchmarks" / "synthetic_scale.py"), "--sizes", "2000:10000", "--clients", "3",
+            "--partitions", "metis", "--stages", "opfgl", "--engines", "sequential", "stacked", "--graph-cache", str(cache),
+            "--opfgl-set", "surrogate_iters=10", "stage1_iters=10", "finetune_iters=10", "stage_workers=2", "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "fc")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows.stage.tolist() == ["generate", "partition", "opfgl", "opfgl"] and rows.error.isna().all()
+    assert len(list(cache.glob("*-metis-k3-s0.npz"))) == 1                  # the partition stage kept its partition
+    op = rows[rows.stage == "opfgl"]
+    assert op.engine.tolist() == ["sequential", "stacked"] and op.stage_workers.tolist() == [1, 2]
+    assert op.partition_load_s.notna().all() and op.partition_s.isna().all()   # loaded, not partitioned again
+    assert (op[["opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "peak_rss_mb"]] > 0).all().all()
+    assert (op[["surrogate_s", "stage1_s", "stage2_s"]].sum(axis=1) < op.opfgl_s).all()
+    assert (op.settings == "surrogate_iters=10 stage1_iters=10 finetune_iters=10 stage_workers=2").all()
+    assert op.accuracy.between(0, 1).all() and op.accuracy.nunique() == 1      # O-pFGL has no dropout: the engines agree
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "fc")})
+    assert rerun.returncode == 0 and pd.read_csv(out).stage.tolist()[4:] == ["opfgl", "opfgl"]   # graph and partition both kept
