@@ -22,7 +22,7 @@ row names the engine and the device and, on CUDA, the peak of the GPU memory tor
 partitioning run on the CPU.
 
 The opfgl stage runs O-pFGL (the paper's settings, with --opfgl-set over them: a shorter schedule at this size; stage_workers applies to the stacked engine) once per
---engines on one partition, a row per engine: `opfgl_s` the whole run, `surrogate_s`, `stage1_s`, `stage2_s` its parts
+--engines on one partition, a row per engine, each engine in a process of its own: `opfgl_s` the whole run, `surrogate_s`, `stage1_s`, `stage2_s` its parts
 (the stacked engine's stages are one shared computation; the sequential one's the clients' sum) and the settings used.
 With --graph-cache, a partition stage also keeps its partition there as a partition file, and the opfgl stage loads it
 (`partition_load_s`) instead of partitioning: its `peak_rss_mb` is then O-pFGL's own, not the partitioner's (METIS at
@@ -100,6 +100,7 @@ if stage in ("partition", "fedavg", "opfgl"):
     if stage == "opfgl":                       # O-pFGL with each engine on the same partition, one row each
         from fglit.federation import run
         from benchmarks._common import device_name, opfgl_parts
+        from fglit.algorithms.opfgl import OpFGLConfig
         for engine in engines:
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
@@ -108,7 +109,9 @@ if stage in ("partition", "fedavg", "opfgl"):
             t = time.perf_counter()
             r = run("opfgl", ds, p, progress=False, settings=settings,
                     callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
-            row = dict(out, engine=engine, stage_workers=settings.get("stage_workers", 1), opfgl_s=time.perf_counter() - t, **opfgl_parts(box["server"], box["logs"], engine),
+            row = dict(out, engine=engine, stage_workers=settings.get("stage_workers", 1), opfgl_s=time.perf_counter() - t,
+                       stage_chunk_rows=settings.get("stage_chunk_rows", OpFGLConfig().stage_chunk_rows) if engine == "stacked" else None,
+                       **opfgl_parts(box["server"], box["logs"], engine),
                        accuracy=float(r.summary()["accuracy_mean"]), device=device_name(),
                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             if torch.cuda.is_initialized():
@@ -124,7 +127,7 @@ if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
-          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "partition_load_s"]
+          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stage_chunk_rows", "partition_load_s"]
 
 
 def graph_file(cache: Path, size: str) -> Path:
@@ -158,7 +161,7 @@ def main() -> int:
     base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
     cached = lambda size: o.graph_cache is not None and graph_file(o.graph_cache, size).exists()
     needs_graph = bool({"partition", "fedavg", "opfgl"} & set(o.stages)) and o.graph_cache is not None
-    jobs = [(size, "generate", None, None) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
+    jobs = [(size, "generate", None, None, o.engines) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
     for size in o.sizes:
         for stage in ("partition", "fedavg", "opfgl"):
             if stage not in o.stages: continue
@@ -166,11 +169,12 @@ def main() -> int:
                 for k in o.clients:
                     if (stage == "opfgl" and o.graph_cache is not None and "partition" not in o.stages
                             and not partition_file(o.graph_cache, size, method, k).exists()):
-                        jobs.append((size, "partition", method, k))      # its partition file, made apart (its own peak memory)
-                    jobs.append((size, stage, method, k))
+                        jobs.append((size, "partition", method, k, o.engines))   # its partition file, made apart (its own peak memory)
+                    # O-pFGL: a process per engine (the partition is loaded, not made again), so each row's peak memory is its own
+                    jobs += [(size, stage, method, k, [e]) for e in o.engines] if stage == "opfgl" else [(size, stage, method, k, o.engines)]
     from fglit.cli import parse_settings      # the CLI's --set: numbers and booleans typed
     opfgl_settings = parse_settings(o.opfgl_set)
-    for size, stage, method, k in jobs:
+    for size, stage, method, k, engines in jobs:
         n, m = (int(v) for v in size.split(":"))
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
                    eval_every=(o.eval_every or o.rounds) if stage == "fedavg" else None,
@@ -178,7 +182,7 @@ def main() -> int:
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         files = [str(graph_file(o.graph_cache, size)), str(partition_file(o.graph_cache, size, method, k))] if o.graph_cache else [None, None]
-        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, o.engines, opfgl_settings], env, o.timeout)
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, engines, opfgl_settings], env, o.timeout)
         for result in results:                 # the fedavg stage: one result per engine
             log.write({**row, **result})
         if error or not results:               # and the error that ended it, after the results it printed first

@@ -1,4 +1,4 @@
-"""benchmarks/_common.run_stage: a stage in a fresh interpreter, its JSON results, and its failure in one line."""
+"""benchmarks/_common: a stage in a fresh interpreter (run_stage: its JSON results, and its failure in one line), and O-pFGL's stage times from its logs (opfgl_parts)."""
 import os
 import sys
 from pathlib import Path
@@ -57,3 +57,16 @@ def test_short_commit_marks_a_modified_checkout(tmp_path, monkeypatch):
     assert common.short_commit() == clean
     (repo / "fglit" / "a.py").write_text("x = 2\n")
     assert common.short_commit() == clean + "+modified"
+
+
+def test_opfgl_parts_add_a_process_stacks_and_take_the_slowest_process():
+    "Stage times from O-pFGL's logs: the sequential engine's clients add up; the stacked engine's clients of one stack share its time, a process's stacks add up, and the processes run at once."
+    import types
+    from benchmarks._common import opfgl_parts
+    server = types.SimpleNamespace(graph=types.SimpleNamespace(seconds=2.0, kernel="c"))
+    logs = [dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0), dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0),
+            dict(stage1_s=0.5, stage2_s=2.0, stage_process=0, stage_stack=1), dict(stage1_s=1.2, stage2_s=4.0, stage_process=1, stage_stack=0)]
+    assert opfgl_parts(server, logs, "stacked") == dict(surrogate_s=2.0, surrogate_kernel="c", stage1_s=1.5, stage2_s=5.0)
+    assert opfgl_parts(server, logs, "sequential")["stage2_s"] == 12.0
+    assert opfgl_parts(types.SimpleNamespace(graph=None), [dict(stage2_s=1.0)], "stacked") == \
+        dict(surrogate_s=0.0, surrogate_kernel="none", stage1_s=0.0, stage2_s=1.0)

@@ -195,3 +195,44 @@ def test_opfgl_stacked_stage2_variants_match_sequential(setting):
         simulate(algo, part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=1, progress=False, callback=keep)
     cols = ["stage2_iters", "stage2_val", "lambda_mean"]
     pd.testing.assert_frame_equal(logs["sequential"][cols], logs["stacked"][cols], check_exact=False, atol=1e-6)
+
+
+@given(sizes=st.lists(st.integers(0, 60), min_size=1, max_size=12), budget=st.integers(1, 200))
+@settings(max_examples=200, deadline=None)
+def test_opfgl_stack_chunks_cover_every_client_once_within_the_row_budget(sizes, budget):
+    "`stack_chunks`: every client in exactly one stack, each stack in client order, and a stack's padded rows (clients x its largest) within `stage_chunk_rows` unless it is one client alone; 0 (or an accelerator) keeps one stack."
+    import types
+    import torch
+    from fglit.algorithms.opfgl_stacked import StackedOpFGL
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_chunk_rows=budget),
+                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
+    cids = list(range(len(sizes)))
+    chunks = StackedOpFGL.stack_chunks(fake, cids)
+    assert sorted(k for c in chunks for k in c) == cids and all(c == sorted(c) and c for c in chunks)
+    assert all(len(c) == 1 or len(c) * max(1, max(sizes[k] for k in c)) <= budget for c in chunks)
+    merged = [a + b for a, b in zip(chunks, chunks[1:])]      # greedy: no two neighbouring stacks would have fitted as one
+    assert all(len(m) * max(1, max(sizes[k] for k in m)) > budget for m in merged)
+    fake.config.stage_chunk_rows = 0
+    assert StackedOpFGL.stack_chunks(fake, cids) == [cids]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
+    "With `stage_chunk_rows` small enough to split the clients into several stacks (one after another, in each process), every client's log and score is the one a single stack gives; the logs name each client's process and stack."
+    from fglit.data import load_dataset
+    from fglit.federation import get_algorithm, make_config, simulate
+    from fglit.partition import partition
+    ds, algo = load_dataset("Cora"), get_algorithm("opfgl")
+    part = partition(ds, "louvain+", 6, seed=0)
+    logs, runs = {}, {}
+    for rows in (0, 1000):
+        cfg = make_config(algo.config, {**algo.defaults_for("Cora", "louvain+"), "surrogate_iters": 50, "stage1_iters": 100,
+                                        "finetune_iters": 100, "eval_interval": 20, "patience": 1, "engine": "stacked",
+                                        "stage_workers": workers, "stage_chunk_rows": rows})
+        def keep(rnd, server, clients, rows=rows): logs[rows] = pd.DataFrame([c.log for c in clients])
+        runs[rows] = simulate(algo, part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=0, progress=False, callback=keep)
+    cols = ["stage1_iters", "stage1_val", "stage2_iters", "stage2_val", "lambda_mean"]
+    pd.testing.assert_frame_equal(logs[0][cols], logs[1000][cols], check_exact=True)
+    assert runs[0].history.equals(runs[1000].history)
+    assert logs[0].stage_stack.eq(0).all() and logs[1000].stage_stack.nunique() > 1        # split into stacks
+    assert logs[1000].stage_process.nunique() == workers

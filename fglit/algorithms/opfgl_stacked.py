@@ -225,15 +225,49 @@ class StackedOpFGL(StackedClients):
         for k in cids: load_flat_state(self.clients[k].model, flat[k])       # the clients' models hold their final weights
         return {k: {} for k in cids}
 
-    def stages(self, graph: SurrogateGraph | None, cids: list[int]) -> None:
-        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph)."
+    def stages(self, graph: SurrogateGraph | None, cids: list[int], process: int = 0) -> None:
+        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph): as one stack, or one `stack_chunks` stack after another, each client's log naming its `process` and stack."
+        chunks = self.stack_chunks(cids)
+        if len(chunks) == 1:
+            self._stages_here(graph, cids, process, 0)
+            return
+        for j, chunk in enumerate(chunks):
+            sub, rows = self._part(chunk)
+            sub._stages_here(graph, list(range(len(chunk))), process, j)
+            self.params.put(rows, sub.params)
+
+    def _stages_here(self, graph: SurrogateGraph | None, cids: list[int], process: int, stack: int) -> None:
         active = torch.zeros(self.params.K, dtype=torch.bool); active[cids] = True
+        for k in cids: self.clients[k].log.update(stage_process=process, stage_stack=stack)
         if graph is None:
             for k in cids: self.clients[k].log.update(surrogate="none")
             self.stage2(active, distill=False)
         else:
             self.stage1(graph, active)
             self.stage2(active)
+
+    def stack_chunks(self, cids: list[int]) -> list[list[int]]:
+        "The clients `cids` in stacks of at most `config.stage_chunk_rows` padded rows (largest client first, a stack closed when the next client would take it over; a larger client alone), each in client order; one stack with `stage_chunk_rows=0` or on an accelerator."
+        budget = self.config.stage_chunk_rows
+        if budget == 0 or self.stack.x.device.type != "cpu": return [list(cids)]
+        sizes = self.stack.sizes.tolist()
+        chunks, current, widest = [], [], 0
+        for k in sorted(cids, key=lambda k: -sizes[k]):          # the first of a stack is its widest: its padding
+            if current and (len(current) + 1) * widest > budget:
+                chunks.append(sorted(current)); current = []
+            if not current: widest = max(1, sizes[k])
+            current.append(k)
+        return chunks + [sorted(current)] if current else chunks
+
+    def _part(self, cids: list[int]) -> tuple["StackedOpFGL", Tensor]:
+        "The clients `cids` as a `StackedOpFGL` of their own (their graphs, parameters and optimizer state copied out by `ClientStack.select` and `StackedParams.select`; the same client objects, so the logs are theirs), and their rows here, to `put` what it trained back."
+        sub = object.__new__(type(self))
+        sub.__dict__.update(self.__dict__)
+        rows = torch.tensor(cids, device=self.params.steps.device)
+        sub.clients, sub.data = [self.clients[k] for k in cids], [self.data[k] for k in cids]
+        sub.stack, sub.params = self.stack.select(cids), self.params.select(rows)
+        sub.has_train, sub.running = self.has_train[rows.to(self.has_train.device)], None
+        return sub, rows
 
     def worker_groups(self, cids: list[int]) -> list[list[int]]:
         "The clients split between `config.stage_workers` processes, of about equal total size (largest client first, each to the lightest group), each group in client order; one group where forking is not possible (an accelerator, or no `fork` start method)."
@@ -248,9 +282,9 @@ class StackedOpFGL(StackedClients):
     def stages_forked(self, graph: SurrogateGraph | None, groups: list[list[int]]) -> None:
         "`stages` of the first group here and of each other group in a forked copy of this process, at the same time; the copies send their clients' weights and logs back. A client's result does not depend on which others share its stack, so it is the one `stages` gives it in one process (20a checks that)."
         ctx, children = multiprocessing.get_context("fork"), []
-        for g in groups[1:]:
+        for i, g in enumerate(groups[1:], 1):
             receive, send = ctx.Pipe(duplex=False)
-            child = ctx.Process(target=self._stages_child, args=(graph, g, send), daemon=True)
+            child = ctx.Process(target=self._stages_child, args=(graph, g, send, i), daemon=True)
             child.start(); send.close()
             children.append((child, receive, g))
         try:
@@ -266,9 +300,9 @@ class StackedOpFGL(StackedClients):
             self.params.load(g, list(flat))
             for k, log in zip(g, logs): self.clients[k].log = log
 
-    def _stages_child(self, graph, cids, send) -> None:
+    def _stages_child(self, graph, cids, send, process) -> None:
         try:
-            self.stages(graph, cids)
+            self.stages(graph, cids, process)
             send.send_bytes(pickle.dumps(("ok", (self.params.flat()[cids].clone(), [self.clients[k].log for k in cids]))))
         except BaseException:
             send.send_bytes(pickle.dumps(("error", traceback.format_exc())))
