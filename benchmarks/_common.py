@@ -1,8 +1,10 @@
 """What the benchmark scripts share: the commit they ran at, the device in words, a stage run in a fresh interpreter, a dataset given by name or as a synthetic graph spec, and O-pFGL's parts of a run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,12 +39,28 @@ def stage_env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+def run_in_group(cmd: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, timeout=timeout, **popen)` in a process group of its own: past `timeout` the whole group is
+    killed (the command's own children too: stage processes, O-pFGL's forked stage workers, Ray), which also closes the
+    pipes they held, and `TimeoutExpired` is raised with what the command printed."""
+    with subprocess.Popen(cmd, start_new_session=True, **popen) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run_stage(code: str, args, env: dict, timeout: float) -> tuple[list[dict], str | None]:
     """Run `code` in a fresh interpreter (`python -c code '<args as JSON>'`, so its peak memory is its own): the JSON lines
     it printed, each a result, and the error in one line (the last line of stderr, the signal that killed it, or the time
     limit), None when it ended well. Results printed before a failure are kept."""
     try:
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, env=env, timeout=timeout)
+        out = run_in_group([sys.executable, "-c", code, json.dumps(args)], timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env)
         stdout, rc, stderr = out.stdout, out.returncode, out.stderr
     except subprocess.TimeoutExpired as exc:
         stdout, rc, stderr = exc.stdout or "", None, ""

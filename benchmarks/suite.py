@@ -22,14 +22,12 @@ stopped there, and those not started are recorded as not run. `--args NAME=ARGS`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.util
 import os
 import platform
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -39,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from benchmarks._common import short_commit  # noqa: E402
+from benchmarks._common import run_in_group, short_commit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OPENFGL_PY = HERE / ".venv-openfgl" / "bin" / "python"
@@ -173,18 +171,6 @@ def parse_overrides(items: list[str]) -> dict[str, list[list[str]]]:
     return out
 
 
-def run_group(cmd: list[str], log, env: dict, timeout: float) -> int:
-    "Run `cmd` in a process group of its own, output to `log`; past `timeout` the whole group (its stage processes, Ray) is killed."
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-
-
 def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
     "Run one (benchmark, device): its processes one after another, until the first failure or the deadline."
     out = out_path(bench, o.out_dir, tag, device)
@@ -205,7 +191,7 @@ def run_one(bench, device, o, tag, deadline, log_dir) -> dict:
                 return dict(row, status="stopped", wall_s=time.perf_counter() - start, reason="the suite's --budget ran out first")
             fh.write(f"$ {shlex.join(cmd)}\n"); fh.flush()
             try:
-                rc = run_group(cmd, fh, env, min(left, o.timeout))
+                rc = run_in_group(cmd, min(left, o.timeout), stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO).returncode
             except subprocess.TimeoutExpired:
                 reason = "the suite's --budget ran out" if left < o.timeout else f"over --timeout {o.timeout:.0f} s"
                 return dict(row, status="stopped", wall_s=time.perf_counter() - start, reason=f"{reason} (log: {log.name})")

@@ -26,6 +26,27 @@ def test_a_time_limit_and_a_signal_are_named():
     assert run_stage("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", [], ENV, 60) == ([], "killed by signal 9")
 
 
+def test_a_timed_out_stage_takes_its_forked_children_with_it(tmp_path):
+    "A stage past its time is killed with its whole process group: a forked child (as O-pFGL's stage workers are) does not outlive it, and its results printed before stay."
+    import time
+    pid_file = tmp_path / "child.pid"
+    code = TWO_ROWS + f"; import os, time\nif os.fork() == 0: open({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)"
+    start = time.perf_counter()
+    rows, error = run_stage(code, [7, 8], ENV, 3)
+    assert error == "over 3 s" and rows == [{"x": 7}, {"x": 8}] and time.perf_counter() - start < 20
+    pid = int(pid_file.read_text())
+    for _ in range(50):                                   # killed: gone, or a zombie until init reaps it
+        try:
+            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+        except FileNotFoundError:
+            break
+        if "Z" in state.split()[1]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the forked child {pid} outlived its stage ({state})")
+
+
 def test_a_stage_row_takes_its_last_result_or_its_error():
     from benchmarks._common import stage_outcome
     assert stage_outcome([{"x": 1}, {"x": 2}], None) == {"x": 2}

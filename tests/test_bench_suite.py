@@ -99,7 +99,7 @@ def test_a_stopped_benchmark_takes_its_child_processes_with_it(tmp_path):
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
     with open(tmp_path / "log.txt", "w") as log, pytest.raises(subprocess.TimeoutExpired):
-        suite.run_group([sys.executable, "-c", code], log, dict(os.environ), timeout=5)
+        suite.run_in_group([sys.executable, "-c", code], 5, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     pid = int(pid_file.read_text())
     for _ in range(50):                                   # killed: gone, or a zombie until init reaps it
         try:
