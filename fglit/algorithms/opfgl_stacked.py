@@ -226,21 +226,21 @@ class StackedOpFGL(StackedClients):
         return {k: {} for k in cids}
 
     def stages(self, graph: SurrogateGraph | None, cids: list[int], process: int = 0) -> None:
-        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph): as one stack, or one `stack_chunks` stack after another, each client's log naming its `process` and stack."
-        chunks = self.stack_chunks(cids)
-        if len(chunks) == 1:
-            self._stages_here(graph, cids, process, 0)
-            return
-        for j, chunk in enumerate(chunks):
+        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph): one `stack_chunks` stack after another, each one that is not every client here as a `StackedOpFGL` of its own (`_part`: no step, teacher or check computes the others), each client's log naming its `process` and stack."
+        for j, chunk in enumerate(self.stack_chunks(cids)):
+            if chunk == list(range(self.params.K)):
+                self._stages_here(graph, process, j)
+                continue
             sub, rows = self._part(chunk)
-            sub._stages_here(graph, list(range(len(chunk))), process, j)
+            sub._stages_here(graph, process, j)
             self.params.put(rows, sub.params)
 
-    def _stages_here(self, graph: SurrogateGraph | None, cids: list[int], process: int, stack: int) -> None:
-        active = torch.zeros(self.params.K, dtype=torch.bool); active[cids] = True
-        for k in cids: self.clients[k].log.update(stage_process=process, stage_stack=stack)
+    def _stages_here(self, graph: SurrogateGraph | None, process: int, stack: int) -> None:
+        "Stages 1 and 2 of every client of this stack."
+        active = torch.ones(self.params.K, dtype=torch.bool)
+        for client in self.clients: client.log.update(stage_process=process, stage_stack=stack)
         if graph is None:
-            for k in cids: self.clients[k].log.update(surrogate="none")
+            for client in self.clients: client.log.update(surrogate="none")
             self.stage2(active, distill=False)
         else:
             self.stage1(graph, active)
