@@ -24,9 +24,10 @@ partitioning run on the CPU.
 The opfgl stage runs O-pFGL (the paper's settings, with --opfgl-set over them: a shorter schedule at this size; stage_workers applies to the stacked engine) once per
 --engines on one partition, a row per engine, each engine in a process of its own: `opfgl_s` the whole run, `surrogate_s`, `stage1_s`, `stage2_s` its parts
 (the stacked engine's stages are one shared computation; the sequential one's the clients' sum) and the settings used.
-With --graph-cache, a partition stage also keeps its partition there as a partition file, and the opfgl stage loads it
-(`partition_load_s`) instead of partitioning: its `peak_rss_mb` is then O-pFGL's own, not the partitioner's (METIS at
-2.4M nodes peaks at 21 GB); a partition not in the cache yet is made first by a partition stage of its own (its row recorded).
+With --graph-cache, a partition stage also keeps its partition there as a partition file, and the fedavg and opfgl stages
+load it when it is there (`partition_load_s`) instead of partitioning: their `peak_rss_mb` is then their own, not the
+partitioner's (METIS at 2.4M nodes peaks at 21 GB); for the opfgl stage a partition not in the cache yet is made first by
+a partition stage of its own (its row recorded).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import json, os, resource, sys, time
 import torch
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
-n, m, clients, method, rounds, stage, path, part_file, eval_every, engines, opfgl_settings = json.loads(sys.argv[1])
+n, m, clients, method, rounds, stage, path, part_file, eval_every, engines, opfgl_settings, stack_rows = json.loads(sys.argv[1])
 from pathlib import Path
 path, part_file = (Path(f) if f else None for f in (path, part_file))      # the graph cache's files (None: no cache)
 t = time.perf_counter()
@@ -70,7 +71,7 @@ if stage in ("partition", "fedavg", "opfgl"):
     ds = as_dataset(g, name=f"synthetic-{n}")
     name, _, backend = method.partition(":")
     t = time.perf_counter()
-    if stage == "opfgl" and part_file is not None and part_file.exists():     # the partition stage's, kept in the cache
+    if stage in ("fedavg", "opfgl") and part_file is not None and part_file.exists():     # the partition stage's, kept in the cache
         p = load_partition_file(ds, part_file)
         out["partition_load_s"] = time.perf_counter() - t
     else:
@@ -85,13 +86,14 @@ if stage in ("partition", "fedavg", "opfgl"):
     if stage == "fedavg":                      # each engine on the same partition, one row each
         from fglit.federation import run
         from benchmarks._common import device_name
-        for engine in engines:
+        from fglit.fl.config import FedConfig
+        for engine, rows in [(e, r) for e in engines for r in (stack_rows or [FedConfig().stack_rows] if e == "stacked" else [None])]:
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
             t = time.perf_counter()
             r = run("fedavg", ds, p, rounds=rounds, local_epochs=1, progress=False,
-                    settings={"eval_every": eval_every or rounds, "engine": engine})
-            row = dict(out, engine=engine, fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]),
+                    settings={"eval_every": eval_every or rounds, "engine": engine, **({"stack_rows": rows} if rows is not None else {})})
+            row = dict(out, engine=engine, stack_rows=rows, fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]),
                        device=device_name(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             if torch.cuda.is_initialized():
                 row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -105,12 +107,14 @@ if stage in ("partition", "fedavg", "opfgl"):
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
             box, settings = {}, {**opfgl_settings, "engine": engine}
-            if engine == "sequential": settings.pop("stage_workers", None)      # processes share the stacked engine's stages only
+            if engine == "sequential":     # processes and stacks are the stacked engine's: the sequential one runs without them
+                for key in ("stage_workers", "stack_rows"): settings.pop(key, None)
             t = time.perf_counter()
             r = run("opfgl", ds, p, progress=False, settings=settings,
                     callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
             row = dict(out, engine=engine, stage_workers=settings.get("stage_workers", 1), opfgl_s=time.perf_counter() - t,
-                       stage_chunk_rows=settings.get("stage_chunk_rows", OpFGLConfig().stage_chunk_rows) if engine == "stacked" else None,
+                       stack_rows=settings.get("stack_rows", OpFGLConfig().stack_rows) if engine == "stacked" else None,
+                       settings=" ".join(f"{k}={v}" for k, v in settings.items() if k != "engine"),      # what this engine ran with
                        **opfgl_parts(box["server"], box["logs"], engine),
                        accuracy=float(r.summary()["accuracy_mean"]), device=device_name(),
                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -127,7 +131,7 @@ if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
-          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stage_chunk_rows", "partition_load_s"]
+          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s"]
 
 
 def graph_file(cache: Path, size: str) -> Path:
@@ -149,6 +153,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--engines", nargs="+", default=["sequential"], choices=["sequential", "stacked"],
                     help="the fedavg and opfgl stages run each, in this order, on one partition (one row each)")
+    ap.add_argument("--stack-rows", type=int, nargs="+", default=[],
+                    help="the fedavg stage runs the stacked engine once per value of stack_rows (default: the engine's default)")
     ap.add_argument("--opfgl-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="the opfgl stage's settings over the paper's (e.g. stage1_iters=100 finetune_iters=100 stage_workers=2)")
     ap.add_argument("--eval-every", type=int, default=0, help="the FedAvg stage scores every this many rounds (default 0: once, after the last "
@@ -178,11 +184,10 @@ def main() -> int:
         n, m = (int(v) for v in size.split(":"))
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
                    eval_every=(o.eval_every or o.rounds) if stage == "fedavg" else None,
-                   settings=" ".join(o.opfgl_set) if stage == "opfgl" else None,
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         files = [str(graph_file(o.graph_cache, size)), str(partition_file(o.graph_cache, size, method, k))] if o.graph_cache else [None, None]
-        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, engines, opfgl_settings], env, o.timeout)
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, engines, opfgl_settings, o.stack_rows], env, o.timeout)
         for result in results:                 # the fedavg stage: one result per engine
             log.write({**row, **result})
         if error or not results:               # and the error that ended it, after the results it printed first

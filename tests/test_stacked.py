@@ -199,26 +199,79 @@ def test_opfgl_stacked_stage2_variants_match_sequential(setting):
 
 @given(sizes=st.lists(st.integers(0, 60), min_size=1, max_size=12), budget=st.integers(1, 200))
 @settings(max_examples=200, deadline=None)
-def test_opfgl_stack_chunks_cover_every_client_once_within_the_row_budget(sizes, budget):
-    "`stack_chunks`: every client in exactly one stack, each stack in client order, and a stack's padded rows (clients x its largest) within `stage_chunk_rows` unless it is one client alone; 0 (or an accelerator) keeps one stack."
+def test_stack_chunks_cover_every_client_once_within_the_row_budget(sizes, budget):
+    "`stack_chunks`: every client in exactly one stack, each stack in client order, and a stack's padded rows (clients x its largest) within the budget unless it is one client alone; greedy; 0 keeps one stack, and so does O-pFGL's on an accelerator."
     import types
     import torch
+    from fglit.fl.stacked import stack_chunks
     from fglit.algorithms.opfgl_stacked import StackedOpFGL
-    fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_chunk_rows=budget),
-                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
     cids = list(range(len(sizes)))
-    chunks = StackedOpFGL.stack_chunks(fake, cids)
+    chunks = stack_chunks(sizes, cids, budget)
     assert sorted(k for c in chunks for k in c) == cids and all(c == sorted(c) and c for c in chunks)
     assert all(len(c) == 1 or len(c) * max(1, max(sizes[k] for k in c)) <= budget for c in chunks)
     merged = [a + b for a, b in zip(chunks, chunks[1:])]      # greedy: no two neighbouring stacks would have fitted as one
     assert all(len(m) * max(1, max(sizes[k] for k in m)) > budget for m in merged)
-    fake.config.stage_chunk_rows = 0
+    assert stack_chunks(sizes, cids, 0) == [cids]
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(stack_rows=budget),
+                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
+    assert StackedOpFGL.stack_chunks(fake, cids) == chunks
+    fake.stack.x = types.SimpleNamespace(device=torch.device("meta"))       # not the CPU: one stack
     assert StackedOpFGL.stack_chunks(fake, cids) == [cids]
+
+
+@pytest.fixture(scope="module")
+def cora_metis8():
+    from fglit.data import load_dataset
+    from fglit.partition import partition
+    ds = load_dataset("Cora")
+    return ds, partition(ds, "metis", 8, seed=0)
+
+
+STACKED_SETTINGS = {"standalone": {}, "fedavg": {"client_fraction": 0.5}, "fedavg_ft": {"evaluation": "local"}, "fedprox": {"mu": 1.0},
+                    "scaffold": {}, "moon": {"client_fraction": 0.5}, "fedproto": {}, "fedtgp": {}}
+
+
+@pytest.mark.parametrize("name", sorted(STACKED_SETTINGS))
+def test_every_stacked_algorithm_in_bounded_stacks_matches_the_sequential_engine(name, cora_metis8):
+    "With `stack_rows` small enough for several stacks (`StackGroups`), every client's per-round scores are the sequential engine's (dropout 0): each algorithm's per-client state (control variates, previous models, prototypes) follows its client's stack."
+    from fglit.federation import get_algorithm
+    from fglit.fl.stacked import compare_engines, stack_chunks
+    ds, part = cora_metis8
+    algo = get_algorithm(name)
+    assert len(stack_chunks([c.num_nodes for c in part.clients], list(range(8)), 1000)) > 1
+    worst, h, runs = compare_engines(algo, part.clients, "node", ds.num_features, ds.num_classes,
+                                     {"rounds": 3, "local_epochs": 2, "dropout": 0.0, "stack_rows": 1000, **STACKED_SETTINGS[name]}, seed=1)
+    assert worst <= 1e-5, worst
+    assert len(h) == 3 * 8 * 2 or STACKED_SETTINGS[name].get("client_fraction")      # every (round, client, split) scored
+
+
+def test_stacked_groups_are_made_only_where_the_clients_exceed_stack_rows(cora_metis8):
+    "`build`: several stacks (one per `stack_chunks` list) on the CPU when the clients' padded rows exceed `stack_rows`; one stack when they fit or `stack_rows=0`. (O-pFGL's stacked class keeps one and splits its stages itself: the small-stacks test below.)"
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    from fglit.fl.local_data import clients_data
+    from fglit.fl.protocol import ModelSpec
+    from fglit.fl.stacked import StackGroups, StackedClients, stack_chunks
+    ds, part = cora_metis8
+    data = clients_data(part.clients, "node")
+    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", hidden=16, layers=2, dropout=0.0)
+    init = StackedClients.initial_states(spec, len(data))
+    sizes = [d.graph.num_nodes for d in data]
+    for rows in (0, 1000, 10 ** 6):
+        cfg = make_config(get_algorithm("fedavg").config, {"stack_rows": rows})
+        group = StackedClients.build(data, cfg, spec, init)
+        chunks = stack_chunks(sizes, list(range(len(data))), rows)
+        assert (len(chunks) > 1) == (rows == 1000)                               # Cora's 8 METIS clients: ~340 nodes each
+        if len(chunks) == 1: assert isinstance(group, StackedClients)
+        else:
+            assert isinstance(group, StackGroups) and group.chunks == chunks and len(chunks) > 1
+            assert [s.params.K for s in group.stacks] == [len(c) for c in chunks]
+        assert group.flat().equal(torch.stack(init))                              # the clients' weights, in client order
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
-    "With `stage_chunk_rows` small enough to split the clients into several stacks (one after another, in each process), every client's log and score is the one a single stack gives; the logs name each client's process and stack."
+    "With `stack_rows` small enough to split the clients into several stacks (one after another, in each process), every client's log and score is the one a single stack gives; the logs name each client's process and stack."
     from fglit.data import load_dataset
     from fglit.federation import get_algorithm, make_config, simulate
     from fglit.partition import partition
@@ -228,7 +281,7 @@ def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
     for rows in (0, 1000):
         cfg = make_config(algo.config, {**algo.defaults_for("Cora", "louvain+"), "surrogate_iters": 50, "stage1_iters": 100,
                                         "finetune_iters": 100, "eval_interval": 20, "patience": 1, "engine": "stacked",
-                                        "stage_workers": workers, "stage_chunk_rows": rows})
+                                        "stage_workers": workers, "stack_rows": rows})
         def keep(rnd, server, clients, rows=rows): logs[rows] = pd.DataFrame([c.log for c in clients])
         runs[rows] = simulate(algo, part.clients, "node", ds.num_features, ds.num_classes, cfg, seed=0, progress=False, callback=keep)
     cols = ["stage1_iters", "stage1_val", "stage2_iters", "stage2_val", "lambda_mean"]

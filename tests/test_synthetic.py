@@ -56,13 +56,14 @@ def test_scale_benchmark_runs_each_engine_on_one_partition(tmp_path):
     out = tmp_path / "scale.csv"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "synthetic_scale.py"), "--sizes", "2000:10000", "--clients", "3",
                            "--partitions", "metis", "--stages", "fedavg", "--engines", "sequential", "stacked", "--rounds", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+                           "--stack-rows", "0", "700", "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.read_csv(out)
-    assert rows.stage.tolist() == ["fedavg", "fedavg"] and rows.engine.tolist() == ["sequential", "stacked"]
+    assert rows.stage.tolist() == ["fedavg"] * 3 and rows.engine.tolist() == ["sequential", "stacked", "stacked"]
+    assert rows.stack_rows.isna().iloc[0] and rows.stack_rows.iloc[1:].tolist() == [0, 700]   # a stacked row per stack_rows
     assert rows.error.isna().all() and (rows.fedavg_s > 0).all() and rows.device.str.startswith(("cpu", "cuda")).all()
     assert rows.partition_s.nunique() == 1                      # one partition for both engines
-    assert abs(rows.accuracy.iloc[0] - rows.accuracy.iloc[1]) < 0.05   # the engines train the same model
+    assert (rows.accuracy - rows.accuracy.iloc[0]).abs().max() < 0.05   # the engines train the same model
 
 
 def test_scale_benchmark_runs_opfgl_on_a_kept_partition(tmp_path):
@@ -81,7 +82,10 @@ def test_scale_benchmark_runs_opfgl_on_a_kept_partition(tmp_path):
     assert op.partition_load_s.notna().all() and op.partition_s.isna().all()   # loaded, not partitioned again
     assert (op[["opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "peak_rss_mb"]] > 0).all().all()
     assert (op[["surrogate_s", "stage1_s", "stage2_s"]].sum(axis=1) < op.opfgl_s).all()
-    assert (op.settings == "surrogate_iters=10 stage1_iters=10 finetune_iters=10 stage_workers=2").all()
+    # each row's settings are the ones its engine ran with: the sequential engine runs without processes or stacks
+    assert op.settings.tolist() == ["surrogate_iters=10 stage1_iters=10 finetune_iters=10",
+                                    "surrogate_iters=10 stage1_iters=10 finetune_iters=10 stage_workers=2"]
+    assert op.stack_rows.isna().tolist() == [True, False]
     assert op.accuracy.between(0, 1).all() and op.accuracy.nunique() == 1      # O-pFGL has no dropout: the engines agree
     rerun = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "fc")})
     assert rerun.returncode == 0 and pd.read_csv(out).stage.tolist()[4:] == ["opfgl", "opfgl"]   # graph and partition both kept

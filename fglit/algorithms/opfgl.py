@@ -91,7 +91,6 @@ class OpFGLConfig(FedConfig):
     focal_gamma: float = 2.0
     model_pool: Literal["", "hetero"] = ""   # "" = every client runs `model`; "hetero" = the paper's 10-model pool
     stage_workers: int = setting(1, ge=1)   # engine='stacked' on the CPU: processes that share the clients' two stages (forked; 1 = this one)
-    stage_chunk_rows: int = setting(8192, ge=0)   # engine='stacked' on the CPU: stacks of at most this many padded rows, one after another (a larger client alone; 0 = one stack)
     # the authors' code where it departs from the paper without changing what the paper defines (named options, see "Settings")
     early_stopping: Literal["ties", "strict"] = "ties"   # "ties": a tie with the best validation accuracy counts as progress; "strict": only a rise ([code])
     model_init: Literal["client", "shared"] = "client"   # "client": each client initialises its own model; "shared": the server's one initial model for all ([code])

@@ -17,7 +17,7 @@ from torch import Tensor
 from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
-from ..fl.stacked import ClientStack, StackedClients
+from ..fl.stacked import ClientStack, StackedClients, stack_chunks
 
 # %% auto #0
 __all__ = ['stage2_loss', 'StackedOpFGL']
@@ -57,6 +57,11 @@ class StackedOpFGL(StackedClients):
         # the clients themselves (label propagation, homophily, logs), built in order as the sequential engine builds them
         self.clients = [OpFGLClient(i, d, config, spec) for i, d in enumerate(data)]
         super().__init__(data, config, spec, [flat_state(c.model) for c in self.clients])
+
+    @classmethod
+    def build(cls, data, config, spec, init):
+        "One `StackedOpFGL` of every client, whatever `stack_rows`: its stages split the clients into stacks (and processes) themselves (`stages`)."
+        return cls(data, config, spec, init)
 
     @classmethod
     def initial_states(cls, spec, n):
@@ -247,17 +252,9 @@ class StackedOpFGL(StackedClients):
             self.stage2(active)
 
     def stack_chunks(self, cids: list[int]) -> list[list[int]]:
-        "The clients `cids` in stacks of at most `config.stage_chunk_rows` padded rows (largest client first, a stack closed when the next client would take it over; a larger client alone), each in client order; one stack with `stage_chunk_rows=0` or on an accelerator."
-        budget = self.config.stage_chunk_rows
-        if budget == 0 or self.stack.x.device.type != "cpu": return [list(cids)]
-        sizes = self.stack.sizes.tolist()
-        chunks, current, widest = [], [], 0
-        for k in sorted(cids, key=lambda k: -sizes[k]):          # the first of a stack is its widest: its padding
-            if current and (len(current) + 1) * widest > budget:
-                chunks.append(sorted(current)); current = []
-            if not current: widest = max(1, sizes[k])
-            current.append(k)
-        return chunks + [sorted(current)] if current else chunks
+        "The clients `cids` in `fglit.fl.stacked.stack_chunks`'s stacks of at most `config.stack_rows` padded rows on the CPU; one stack on an accelerator."
+        budget = self.config.stack_rows if self.stack.x.device.type == "cpu" else 0
+        return stack_chunks(self.stack.sizes.tolist(), list(cids), budget)
 
     def _part(self, cids: list[int]) -> tuple["StackedOpFGL", Tensor]:
         "The clients `cids` as a `StackedOpFGL` of their own (their graphs, parameters and optimizer state copied out by `ClientStack.select` and `StackedParams.select`; the same client objects, so the logs are theirs), and their rows here, to `put` what it trained back."

@@ -296,7 +296,7 @@ class _ClientView:
     @property
     def model(self):
         m = self.spec.build()
-        load_flat_state(m, self._group.params.flat()[self.cid])
+        load_flat_state(m, self._group.flat()[self.cid])
         return m
 
 
@@ -312,7 +312,7 @@ class Stacked(InProcess):
             init = kind.initial_states(spec, len(self.data))
         else:                 # every client is sent the server's weights in round 1, before it trains or is scored: one model's draws serve all
             init = [flat_state(spec.build())] * len(self.data)
-        self.group = kind(self.data, config, spec, init)
+        self.group = kind.build(self.data, config, spec, init)       # one stack, or stacks of at most config.stack_rows rows
         self.clients = getattr(self.group, "clients", None) or [_ClientView(self.group, i) for i in range(len(self.data))]   # a stack may keep real clients
         self.start_uplink(algorithm, config, spec, seed)
 
@@ -325,7 +325,7 @@ class Stacked(InProcess):
         sent = {cid: m["params"] for cid, m in messages.items() if m is not None and "params" in m}
         flat = None
         if sent:
-            flat = self.group.params.flat().clone()
+            flat = self.group.flat().clone()
             for cid, v in sent.items(): flat[cid] = v
         scores = self.group.scores(flat)
         return [(cid, split, scores[split][cid]) for cid in messages for split in scores]

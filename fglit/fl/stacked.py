@@ -21,7 +21,8 @@ from .messages import Message
 from .protocol import ModelSpec, flat_state
 
 # %% auto #0
-__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'StackedParams', 'StackedClients', 'compare_engines']
+__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_chunks',
+           'StackGroups', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -144,6 +145,11 @@ def stackable(spec: ModelSpec) -> str:
     if spec.name not in STACKED_FORWARDS or spec.options:
         return f"the stacked engine runs these models (without options): {', '.join(sorted(STACKED_FORWARDS))}; this run's model is {spec.describe()}"
     return ""
+
+def require_stackable(spec: ModelSpec) -> None:
+    "Raise `ConfigError` with `stackable`'s reason where `spec` cannot run stacked."
+    reason = stackable(spec)
+    if reason: raise ConfigError(reason)
 
 
 def _fused_adam_works(device, dtype) -> bool:
@@ -298,13 +304,20 @@ class StackedClients:
     own_init = True     # clients train from their own initial weights (False: under full participation each is sent weights in round 1)
 
     def __init__(self, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
-        reason = stackable(spec)
-        if reason: raise ConfigError(reason)
+        require_stackable(spec)
         self.data, self.config, self.spec = data, config, spec
         self.stack = ClientStack(data)
         self.params = StackedParams(spec, init, config)
         self.forward_fn = STACKED_FORWARDS[spec.name]
         self.has_train = self.stack.num_train > 0
+
+    @classmethod
+    def build(cls, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]) -> "StackedClients | StackGroups":
+        "This run's clients as one stack of this class, or, on the CPU where they take more than `config.stack_rows` padded rows, as `StackGroups` of stacks within it (what `Stacked` runs)."
+        require_stackable(spec)                   # (a graph task's clients have no graph to count the rows of)
+        budget = getattr(config, "stack_rows", 0) if data and data[0].graph.x.device.type == "cpu" else 0
+        chunks = stack_chunks([d.graph.num_nodes for d in data], list(range(len(data))), budget)
+        return cls(data, config, spec, init) if len(chunks) == 1 else StackGroups(cls, chunks, data, config, spec, init)
 
     @classmethod
     def initial_states(cls, spec: ModelSpec, n: int) -> list[Tensor]:
@@ -360,11 +373,60 @@ class StackedClients:
         self.fit(self.config.local_epochs, active)
         return self.reply(cids, rnd)
 
+    def flat(self) -> Tensor:
+        "Every client's weights as `[K, P]` rows (detached)."
+        return self.params.flat()
+
     @torch.no_grad()
     def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
         "Per-client scores on each split, all clients in one pass: their own models, or the rows of `flat` (`[K, P]`)."
         _, logits = self.forward(None if flat is None else self.params.unflatten(flat), training=False)
         return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=self.config.auc)
+
+# %% ../../nbs/fl/07_stacked.ipynb #05133135
+def stack_chunks(sizes: list[int], cids: list[int], budget: int) -> list[list[int]]:
+    "The clients `cids` (of `sizes[k]` nodes) in stacks of at most `budget` padded rows, $|S| \\cdot \\max_{k \\in S} n_k$: largest client first, a stack closed when the next client would take it over (a larger client alone); each stack in client order. `budget=0`: one stack."
+    if budget == 0: return [list(cids)]
+    chunks, current, widest = [], [], 0
+    for k in sorted(cids, key=lambda k: -sizes[k]):          # the first of a stack is its widest: its padding
+        if current and (len(current) + 1) * widest > budget:
+            chunks.append(sorted(current)); current = []
+        if not current: widest = max(1, sizes[k])
+        current.append(k)
+    return chunks + [sorted(current)] if current else chunks
+
+# %% ../../nbs/fl/07_stacked.ipynb #d17a6a34
+class StackGroups:
+    "The clients of one run as several stacks of `kind` (a `StackedClients` subclass), one per list of client ids in `chunks`, trained one after another; to the transport, one group with `StackedClients`'s interface (`local_step`, `flat`, `scores`)."
+    def __init__(self, kind: type, chunks: list[list[int]], data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
+        self.data, self.config, self.spec, self.chunks = data, config, spec, chunks
+        self.stacks = [kind([data[k] for k in c], config, spec, [init[k] for k in c]) for c in chunks]
+        self.where = {k: (j, i) for j, c in enumerate(chunks) for i, k in enumerate(c)}     # client -> (stack, its number there)
+        self.order = torch.tensor([k for c in chunks for k in c])                          # stacks' rows, concatenated -> client
+
+    def local_step(self, messages: dict[int, Message], rnd: int) -> dict[int, Message]:
+        "Each stack's `local_step` on its clients' messages (numbered as it numbers them), the replies under the clients' ids."
+        replies = {}
+        for stack, chunk in zip(self.stacks, self.chunks):
+            mine = {i: messages[k] for i, k in enumerate(chunk) if k in messages}
+            if mine: replies.update({chunk[i]: r for i, r in stack.local_step(mine, rnd).items()})
+        return {k: replies[k] for k in messages}
+
+    def flat(self) -> Tensor:
+        "Every client's weights as `[K, P]` rows, in client order."
+        parts = torch.cat([s.flat() for s in self.stacks])
+        return parts.new_empty(parts.shape).index_copy_(0, self.order.to(parts.device), parts)
+
+    @torch.no_grad()
+    def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
+        "Every stack's `scores` (on its clients' rows of `flat`, if given), per split in client order."
+        out = {s: [None] * len(self.data) for s in splits}
+        for stack, chunk in zip(self.stacks, self.chunks):
+            got = stack.scores(None if flat is None else flat[torch.tensor(chunk, device=flat.device)], splits)
+            for s in splits:
+                for k, row in zip(chunk, got[s]): out[s][k] = row
+        return out
+
 
 # %% ../../nbs/fl/07_stacked.ipynb #85fe5356
 def compare_engines(algorithm, clients_data: list, task: str, num_features: int, num_classes: int, settings: dict | None = None,
