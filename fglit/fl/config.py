@@ -129,7 +129,7 @@ class FedConfig:
     graphless_knn: int = setting(0, ge=0, help="> 0: graphless clients train on a cosine kNN graph of their features with this k")
     graphless_model: str = setting("", help="a model name: graphless clients run it instead of `model` (mlp: Fed-GNNMLP)")
     fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")
-    engine: Literal["sequential", "stacked"] = setting("sequential", help="in-process simulation: clients one after another (the reference), or all as one stacked computation (fglit.fl.stacked)")
+    engine: Literal["sequential", "stacked"] = setting("sequential", help="in-process simulation: clients one after another (the reference), or as stacked computations (fglit.fl.stacked; stack_rows)")
     stack_rows: int = setting(8192, ge=0, help="engine='stacked' on the CPU: the clients in stacks of at most this many padded rows, trained one after another (a larger client alone; 0: one stack of every client)")
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig, metadata={"help": "secure aggregation and DP (PrivacyConfig)"})
     # what an algorithm cannot do, declared once on its config class and enforced by `check_setup` ('' = no restriction)

@@ -301,7 +301,7 @@ class _ClientView:
 
 
 class Stacked(InProcess):
-    "The simulator's transport with every client in one `StackedClients` (`engine='stacked'`); needs an algorithm whose client declares `stacked`."
+    "The simulator's transport with the clients as stacked computations (`engine='stacked'`: one `StackedClients`, or on the CPU `StackGroups` of stacks of at most `stack_rows` rows); needs an algorithm whose client declares `stacked`."
     def start(self, algorithm, config, spec, specs, seed):
         kind = stacked_form(algorithm.client)
         if kind is None:
