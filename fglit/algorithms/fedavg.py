@@ -279,7 +279,7 @@ class StackedScaffold(StackedFedAvg):
     def local_gradient(self, active) -> Tensor:
         "Every client's mean cross-entropy gradient at its current weights (option I), as `[K, P]`."
         self.params.zero_grad()
-        _, logits = self.forward()
+        _, logits = self.train_forward()
         self.train_loss(logits, active & self.has_train).backward()
         grad = torch.cat([(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(self.params.K, -1) for t in self.params.tensors], 1)
         self.params.zero_grad()

@@ -59,6 +59,17 @@ class ClientStack:
         self.num_train = torch.bincount(self.client[self.masks["train"]], minlength=K)
         self.x_blocks = self._block_input() if x.device.type == "cpu" and torch.count_nonzero(x) <= SPARSE_INPUT_DENSITY * x.numel() else None
 
+    def train_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        "Each client's training rows, padded: their places in its block `[K, t_max]` (in node order, padding at the end), their labels `[K, t_max]`, and which are real `[K, t_max]` (made once)."
+        if getattr(self, "_train_rows", None) is None:
+            train = self.masks["train"].view(self.num_clients, self.n_max)
+            t_max = max(1, int(self.num_train.max()))
+            places = torch.sort((~train).to(torch.int8), dim=1, stable=True).indices[:, :t_max]     # the training rows first, in order
+            real = torch.arange(t_max, device=train.device) < self.num_train.unsqueeze(1)
+            labels = self.y.view(self.num_clients, self.n_max).gather(1, places)
+            self._train_rows = (places, labels, real)
+        return self._train_rows
+
     def _block_input(self) -> SparseOperand:
         "Sparse features as one `[K n_max, K d]` matrix, client `k`'s in columns `k d ... (k+1) d - 1`: one sparse product with the stacked first-layer weights (`[K d, h]`) gives every client's $X_k W_k$."
         x, d = self.x, self.x.size(1)
@@ -93,7 +104,8 @@ class ClientStack:
         return spmm(dropout(self.x_blocks, p, training), W.reshape(-1, W.size(-1))).view(K, self.n_max, -1)
 
 # %% ../../nbs/fl/07_stacked.ipynb #0fe02a97
-def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False) -> tuple[Tensor, Tensor]:
+def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False,
+                 rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
     K, n_max = stack.num_clients, stack.n_max
     h = None
     for i in range(layers - propagate_out):
@@ -101,20 +113,20 @@ def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, traini
         z = stack.first_layer(W, p, training) if i == 0 else torch.bmm(dropout(h, p, training), W)
         h = F.relu(spmm(stack.adj, z.reshape(K * n_max, -1)).view(K, n_max, -1) + b.unsqueeze(1))
     if propagate_out: h = spmm(stack.adj, h.reshape(K * n_max, -1)).view(K, n_max, -1)
-    return h, _head(params, h, p, training)
+    return h, _head(params, h, p, training, rows)
 
-def _kipf_gcn_forward(params, stack, layers, p, training):
+def _kipf_gcn_forward(params, stack, layers, p, training, rows=None):
     "Kipf & Welling's form (`kipfgcn`): `layers - 1` GCN layers, then one more propagation before the head."
-    return _gcn_forward(params, stack, layers, p, training, propagate_out=True)
+    return _gcn_forward(params, stack, layers, p, training, propagate_out=True, rows=rows)
 
 
-def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool) -> tuple[Tensor, Tensor]:
+def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
     h = None
     for i in range(layers):
         W, b = params[f"encoder.lins.{i}.weight"], params[f"encoder.lins.{i}.bias"]
         z = stack.first_layer(W.transpose(1, 2), p, training) if i == 0 else torch.bmm(dropout(h, p, training), W.transpose(1, 2))
         h = F.relu(z + b.unsqueeze(1))
-    return h, _head(params, h, p, training)
+    return h, _head(params, h, p, training, rows)
 
 
 class _StackedLinear(torch.autograd.Function):
@@ -131,8 +143,10 @@ class _StackedLinear(torch.autograd.Function):
                 torch.bmm(grad.transpose(1, 2), h) if ctx.needs_input_grad[1] else None,
                 grad.sum(1) if ctx.needs_input_grad[2] else None)
 
-def _head(params, h, p, training):
+def _head(params, h, p, training, rows: Tensor | None = None):
+    "The head on every row of `h` (`[K, n, d]`), or on each client's rows `rows` (`[K, t]` places in its block) alone."
     W, b = params["head.1.weight"], params["head.1.bias"]
+    if rows is not None: h = h.gather(1, rows.unsqueeze(-1).expand(-1, -1, h.size(-1)))
     return _StackedLinear.apply(dropout(h, p, training), W, b)
 
 
@@ -331,7 +345,7 @@ class StackedClients:
         if got: self.params.load([c for c, _ in got], [v for _, v in got])
 
     def extra_loss(self, emb: Tensor, logits: Tensor, active: Tensor) -> Tensor | None:
-        "The sum over the active clients of each one's extra loss term; None by default."
+        "The sum over the active clients of each one's extra loss term (`emb` of every row, `logits` of the training rows: `train_forward`'s); None by default."
         return None
 
     def after_backward(self, active: Tensor) -> None:
@@ -341,23 +355,29 @@ class StackedClients:
         return {c: {} for c in cids}
 
     # -- the loop ----------------------------------------------------------------------------
-    def forward(self, params: dict | None = None, training: bool = True, stack: ClientStack | None = None) -> tuple[Tensor, Tensor]:
-        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s)."
-        return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training)
+    def forward(self, params: dict | None = None, training: bool = True, stack: ClientStack | None = None,
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s); with `rows` (`[K, t]` places in each client's block), logits `[K, t, C]` of those rows only."
+        return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training,
+                               rows=rows)
 
-    def train_loss(self, logits: Tensor, active: Tensor, stack: ClientStack | None = None) -> Tensor:
-        "Sum over the active clients of each one's mean cross-entropy on its training nodes (of its own graph, or `stack`'s)."
-        s = stack or self.stack
-        mask = s.masks["train"] & active[s.client]
-        per_node = F.cross_entropy(logits.reshape(-1, logits.size(-1))[mask], s.y[mask], reduction="none")
-        return (per_node / s.num_train[s.client[mask]].to(per_node.dtype)).sum()
+    def train_forward(self, params: dict | None = None) -> tuple[Tensor, Tensor]:
+        "A training pass: embeddings of every row, and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
+        return self.forward(params, rows=self.stack.train_rows()[0])
+
+    def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
+        "Sum over the active clients of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
+        _, labels, real = self.stack.train_rows()
+        keep = real & active.unsqueeze(1)
+        per_node = F.cross_entropy(logits[keep], labels[keep], reduction="none")
+        return (per_node / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_node.dtype)).sum()
 
     def fit(self, epochs: int, active: Tensor) -> None:
         active = active & self.has_train
         if not bool(active.any()): return
         for _ in range(epochs):
             self.params.zero_grad()
-            emb, logits = self.forward()
+            emb, logits = self.train_forward()
             loss = self.train_loss(logits, active)
             extra = self.extra_loss(emb, logits, active)
             if extra is not None: loss = loss + extra
