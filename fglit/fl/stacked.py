@@ -421,7 +421,6 @@ class StackGroups:
     def __init__(self, kind: type, chunks: list[list[int]], data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
         self.data, self.config, self.spec, self.chunks = data, config, spec, chunks
         self.stacks = [kind([data[k] for k in c], config, spec, [init[k] for k in c]) for c in chunks]
-        self.where = {k: (j, i) for j, c in enumerate(chunks) for i, k in enumerate(c)}     # client -> (stack, its number there)
         self.order = torch.tensor([k for c in chunks for k in c])                          # stacks' rows, concatenated -> client
 
     def local_step(self, messages: dict[int, Message], rnd: int) -> dict[int, Message]:
