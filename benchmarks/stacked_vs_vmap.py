@@ -60,7 +60,7 @@ def main() -> int:
 
         def block_step():
             group.params.zero_grad()
-            _, logits = group.forward()
+            _, logits = group.train_forward()              # the engine's training pass: the head on the training rows
             group.train_loss(logits, active).backward()
 
         s, n_max = group.stack, group.stack.n_max
