@@ -289,3 +289,23 @@ def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
     assert runs[0].history.equals(runs[1000].history)
     assert logs[0].stage_stack.eq(0).all() and logs[1000].stage_stack.nunique() > 1        # split into stacks
     assert logs[1000].stage_process.nunique() == workers
+
+
+def test_train_loss_refuses_logits_of_every_row(cora_metis8):
+    "`train_loss` reads `train_forward`'s logits (the training rows); the logits of every row (`forward`) end in an error naming both shapes."
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    from fglit.fl.local_data import clients_data
+    from fglit.fl.protocol import ModelSpec
+    from fglit.fl.stacked import StackedClients
+    ds, part = cora_metis8
+    data = clients_data(part.clients, "node")
+    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", hidden=16, layers=2, dropout=0.0)
+    group = StackedClients(data, make_config(get_algorithm("fedavg").config, {}), spec, StackedClients.initial_states(spec, len(data)))
+    active = torch.ones(len(data), dtype=torch.bool)
+    _, rows_logits = group.train_forward()
+    assert rows_logits.shape[1] == int(group.stack.num_train.max()) < group.stack.n_max
+    assert torch.isfinite(group.train_loss(rows_logits, active))
+    _, every = group.forward()
+    with pytest.raises(ValueError, match="train_forward"):
+        group.train_loss(every, active)

@@ -368,6 +368,8 @@ class StackedClients:
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
         "Sum over the active clients of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
         _, labels, real = self.stack.train_rows()
+        if logits.shape[:2] != labels.shape:
+            raise ValueError(f"train_loss takes train_forward's logits, [K, t_max, C] with [K, t_max] = {list(labels.shape)}; got {list(logits.shape)}")
         keep = real & active.unsqueeze(1)
         per_node = F.cross_entropy(logits[keep], labels[keep], reduction="none")
         return (per_node / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_node.dtype)).sum()
