@@ -17,7 +17,7 @@ from torch import Tensor
 from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
-from ..fl.stacked import ClientStack, StackedClients, stack_chunks
+from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
 __all__ = ['stage2_loss', 'StackedOpFGL']
@@ -253,8 +253,7 @@ class StackedOpFGL(StackedClients):
 
     def stack_chunks(self, cids: list[int]) -> list[list[int]]:
         "The clients `cids` in `fglit.fl.stacked.stack_chunks`'s stacks of at most `config.stack_rows` padded rows on the CPU; one stack on an accelerator."
-        budget = self.config.stack_rows if self.stack.x.device.type == "cpu" else 0
-        return stack_chunks(self.stack.sizes.tolist(), list(cids), budget)
+        return stack_chunks(self.stack.sizes.tolist(), list(cids), stack_budget(self.config, self.stack.x.device))
 
     def _part(self, cids: list[int]) -> tuple["StackedOpFGL", Tensor]:
         "The clients `cids` as a `StackedOpFGL` of their own (their graphs, parameters and optimizer state copied out by `ClientStack.select` and `StackedParams.select`; the same client objects, so the logs are theirs), and their rows here, to `put` what it trained back."

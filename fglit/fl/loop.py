@@ -325,7 +325,7 @@ class Stacked(InProcess):
         sent = {cid: m["params"] for cid, m in messages.items() if m is not None and "params" in m}
         flat = None
         if sent:
-            flat = self.group.flat().clone()
+            flat = self.group.flat()                 # a new tensor: the sent weights go into it
             for cid, v in sent.items(): flat[cid] = v
         scores = self.group.scores(flat)
         return [(cid, split, scores[split][cid]) for cid in messages for split in scores]

@@ -22,7 +22,7 @@ from .protocol import ModelSpec, flat_state
 
 # %% auto #0
 __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_chunks',
-           'StackGroups', 'compare_engines']
+           'stack_budget', 'StackGroups', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -57,11 +57,12 @@ class ClientStack:
             m = torch.zeros(n, dtype=torch.bool, device=device); m[self.rows] = torch.cat([d.masks[s] for d in data])
             self.masks[s] = m
         self.num_train = torch.bincount(self.client[self.masks["train"]], minlength=K)
+        self._train_rows = None                 # train_rows(), made on first use
         self.x_blocks = self._block_input() if x.device.type == "cpu" and torch.count_nonzero(x) <= SPARSE_INPUT_DENSITY * x.numel() else None
 
     def train_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         "Each client's training rows, padded: their places in its block `[K, t_max]` (in node order, padding at the end), their labels `[K, t_max]`, and which are real `[K, t_max]` (made once)."
-        if getattr(self, "_train_rows", None) is None:
+        if self._train_rows is None:
             train = self.masks["train"].view(self.num_clients, self.n_max)
             t_max = max(1, int(self.num_train.max()))
             places = torch.sort((~train).to(torch.int8), dim=1, stable=True).indices[:, :t_max]     # the training rows first, in order
@@ -329,7 +330,7 @@ class StackedClients:
     def build(cls, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]) -> "StackedClients | StackGroups":
         "This run's clients as one stack of this class, or, on the CPU where they take more than `config.stack_rows` padded rows, as `StackGroups` of stacks within it (what `Stacked` runs)."
         require_stackable(spec)                   # (a graph task's clients have no graph to count the rows of)
-        budget = getattr(config, "stack_rows", 0) if data and data[0].graph.x.device.type == "cpu" else 0
+        budget = stack_budget(config, data[0].graph.x.device) if data else 0
         chunks = stack_chunks([d.graph.num_nodes for d in data], list(range(len(data))), budget)
         return cls(data, config, spec, init) if len(chunks) == 1 else StackGroups(cls, chunks, data, config, spec, init)
 
@@ -417,11 +418,15 @@ def stack_chunks(sizes: list[int], cids: list[int], budget: int) -> list[list[in
         current.append(k)
     return chunks + [sorted(current)] if current else chunks
 
+def stack_budget(config, device: torch.device) -> int:
+    "The padded rows one stack may hold on `device`: `config.stack_rows` on the CPU, 0 (one stack) on an accelerator."
+    return config.stack_rows if device.type == "cpu" else 0
+
 # %% ../../nbs/fl/07_stacked.ipynb #d17a6a34
 class StackGroups:
     "The clients of one run as several stacks of `kind` (a `StackedClients` subclass), one per list of client ids in `chunks`, trained one after another; to the transport, one group with `StackedClients`'s interface (`local_step`, `flat`, `scores`)."
     def __init__(self, kind: type, chunks: list[list[int]], data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
-        self.data, self.config, self.spec, self.chunks = data, config, spec, chunks
+        self.data, self.spec, self.chunks = data, spec, chunks
         self.stacks = [kind([data[k] for k in c], config, spec, [init[k] for k in c]) for c in chunks]
         self.order = torch.tensor([k for c in chunks for k in c])                          # stacks' rows, concatenated -> client
 
