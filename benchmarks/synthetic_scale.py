@@ -87,7 +87,7 @@ if stage in ("partition", "fedavg", "opfgl"):
         from fglit.federation import run
         from benchmarks._common import device_name
         from fglit.fl.config import FedConfig
-        for engine, rows in [(e, r) for e in engines for r in (stack_rows or [FedConfig().stack_rows] if e == "stacked" else [None])]:
+        for engine, rows in [(e, r) for e in engines for r in ((stack_rows or [FedConfig().stack_rows]) if e == "stacked" else [None])]:
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
             t = time.perf_counter()
@@ -106,15 +106,12 @@ if stage in ("partition", "fedavg", "opfgl"):
         for engine in engines:
             if torch.cuda.is_initialized():
                 torch.cuda.reset_peak_memory_stats()
-            box, settings = {}, {**opfgl_settings, "engine": engine}
-            if engine == "sequential":     # processes and stacks are the stacked engine's: the sequential one runs without them
-                for key in ("stage_workers", "stack_rows"): settings.pop(key, None)
+            box, settings = {}, {**opfgl_settings, "engine": engine}        # (engine_settings: what this engine runs with)
             t = time.perf_counter()
             r = run("opfgl", ds, p, progress=False, settings=settings,
                     callback=lambda rnd, server, clients: box.update(server=server, logs=[dict(c.log) for c in clients]))
             row = dict(out, engine=engine, stage_workers=settings.get("stage_workers", 1), opfgl_s=time.perf_counter() - t,
                        stack_rows=settings.get("stack_rows", OpFGLConfig().stack_rows) if engine == "stacked" else None,
-                       settings=" ".join(f"{k}={v}" for k, v in settings.items() if k != "engine"),      # what this engine ran with
                        **opfgl_parts(box["server"], box["logs"], engine),
                        accuracy=float(r.summary()["accuracy_mean"]), device=device_name(),
                        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -132,6 +129,11 @@ FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edge
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
           "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s"]
+
+
+def engine_settings(settings: dict, engine: str) -> dict:
+    "The opfgl stage's settings as `engine` runs them: processes and stacks are the stacked engine's, so the sequential one runs without them."
+    return {k: v for k, v in settings.items() if engine == "stacked" or k not in ("stage_workers", "stack_rows")}
 
 
 def graph_file(cache: Path, size: str) -> Path:
@@ -182,12 +184,14 @@ def main() -> int:
     opfgl_settings = parse_settings(o.opfgl_set)
     for size, stage, method, k, engines in jobs:
         n, m = (int(v) for v in size.split(":"))
+        used = engine_settings(opfgl_settings, engines[0]) if stage == "opfgl" else {}    # an opfgl job runs one engine
         row = dict(base, nodes=n, edges=m, stage=stage, partition=method, clients=k, rounds=o.rounds if stage == "fedavg" else None,
                    eval_every=(o.eval_every or o.rounds) if stage == "fedavg" else None,
+                   settings=" ".join(f"{key}={v}" for key, v in used.items()) if stage == "opfgl" else None,   # what its engine ran with
                    load=round(os.getloadavg()[0], 2),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         files = [str(graph_file(o.graph_cache, size)), str(partition_file(o.graph_cache, size, method, k))] if o.graph_cache else [None, None]
-        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, engines, opfgl_settings, o.stack_rows], env, o.timeout)
+        results, error = run_stage(STAGE, [n, m, k, method, o.rounds, stage, *files, o.eval_every, engines, used, o.stack_rows], env, o.timeout)
         for result in results:                 # the fedavg stage: one result per engine
             log.write({**row, **result})
         if error or not results:               # and the error that ended it, after the results it printed first
