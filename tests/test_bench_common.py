@@ -6,6 +6,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks._common import run_stage  # noqa: E402
+from _processes import assert_process_ends  # noqa: E402
 
 ENV = dict(os.environ)
 TWO_ROWS = "import json, sys; a = json.loads(sys.argv[1]); print(json.dumps({'x': a[0]})); print('noise'); print(json.dumps({'x': a[1]}), flush=True)"
@@ -34,17 +35,7 @@ def test_a_timed_out_stage_takes_its_forked_children_with_it(tmp_path):
     start = time.perf_counter()
     rows, error = run_stage(code, [7, 8], ENV, 3)
     assert error == "over 3 s" and rows == [{"x": 7}, {"x": 8}] and time.perf_counter() - start < 20
-    pid = int(pid_file.read_text())
-    for _ in range(50):                                   # killed: gone, or a zombie until init reaps it
-        try:
-            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
-        except FileNotFoundError:
-            break
-        if "Z" in state.split()[1]:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the forked child {pid} outlived its stage ({state})")
+    assert_process_ends(int(pid_file.read_text()), "the stage's forked child")
 
 
 def test_a_stage_row_takes_its_last_result_or_its_error():

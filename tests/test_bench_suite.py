@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "benchmarks" / "suite.py"
 sys.path.insert(0, str(REPO / "benchmarks"))
 import suite  # noqa: E402
+from _processes import assert_process_ends  # noqa: E402
 
 
 def _suite(*args, timeout=900):
@@ -94,20 +95,9 @@ def test_short_size_runs_the_largest_graph_on_the_first_device_only(tmp_path):
 def test_a_stopped_benchmark_takes_its_child_processes_with_it(tmp_path):
     "Past its time a benchmark's whole process group goes (stage processes, Ray), not only the script itself."
     import os
-    import time
     pid_file = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
     with open(tmp_path / "log.txt", "w") as log, pytest.raises(subprocess.TimeoutExpired):
         suite.run_in_group([sys.executable, "-c", code], 5, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    pid = int(pid_file.read_text())
-    for _ in range(50):                                   # killed: gone, or a zombie until init reaps it
-        try:
-            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
-        except FileNotFoundError:
-            break
-        if "Z" in state.split()[1]:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the benchmark's child {pid} is still running")
+    assert_process_ends(int(pid_file.read_text()), "the benchmark's child")
