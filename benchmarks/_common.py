@@ -12,22 +12,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def short_commit() -> str:
-    "The repository's HEAD as a short sha, with '+modified' when code in fglit/ or benchmarks/ differs from it ('' outside a git checkout)."
+def short_commit(repo: Path = REPO) -> str:
+    "The checkout `repo`'s HEAD (this one by default) as a short sha, with '+modified' when code in its fglit/ or benchmarks/ differs from it ('' outside a git checkout)."
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
-    return f"{sha}+modified" if sha and modified("fglit", "benchmarks") else sha
+    return f"{sha}+modified" if sha and modified("fglit", "benchmarks", repo=repo) else sha
 
 
 CODE_SUFFIXES = (".py", ".c", ".sh")      # what a measurement runs; a changed README does not make a row '+modified'
 
 
-def modified(*paths: str) -> bool | None:
-    "Whether code (`CODE_SUFFIXES`) under the checkout's `paths` differs from HEAD (uncommitted changes); None when git cannot tell."
+def modified(*paths: str, repo: Path = REPO) -> bool | None:
+    "Whether code (`CODE_SUFFIXES`) under the checkout `repo`'s `paths` differs from HEAD (uncommitted changes); None when git cannot tell."
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=repo, capture_output=True, text=True, timeout=10)
         changed = [line[3:].split(" -> ")[-1].strip('"') for line in out.stdout.splitlines()]
         return any(name.endswith(CODE_SUFFIXES) for name in changed) if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):

@@ -7,7 +7,7 @@ Each command runs as a subprocess (`python -c` doing what the console script doe
 with `PYTHONPATH` set to the checkout, `--reps` times; the runs of the checkouts alternate, so a change in the
 machine's load falls on both. A further run of each command records which heavy modules (`HEAVY`) it imported.
 Appends one row per (checkout, command) to `results/bench/startup.csv`: median, min and max wall time, the heavy
-modules, the checkout's git commit, and the machine (CPU, cores, `OMP_NUM_THREADS`, load average before and after).
+modules, the checkout's git commit (`+modified` where its code differs from it), and the machine (CPU, cores, `OMP_NUM_THREADS`, load average before and after).
 """
 from __future__ import annotations
 
@@ -23,22 +23,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import short_commit  # noqa: E402
+
 COMMANDS = {"fglit --help": ["--help"], "fglit run --help": ["run", "--help"], "fglit --version": ["--version"]}
 HEAVY = ("torch", "torch_geometric", "pandas", "numpy", "scipy", "sklearn", "networkx", "flwr", "matplotlib")
 MAIN = "import sys\nfrom fglit.cli import main\nsys.argv[0] = 'fglit'\nsys.exit(main())\n"
 PROBE = ("import atexit, json, sys\n"
          "atexit.register(lambda: sys.stderr.write('\\nHEAVY ' + json.dumps([m for m in json.loads(sys.argv.pop(1)) if m in sys.modules]) + '\\n'))\n"
          + MAIN)
-
-
-def git_commit(path: Path) -> str:
-    "The checkout's commit, `+dirty` when fglit/ has uncommitted changes."
-    try:
-        head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "fglit"], capture_output=True, text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return "unknown"
 
 
 def cpu_model() -> str:
@@ -92,13 +85,12 @@ def main(argv=None) -> int:
                    date=datetime.datetime.now().isoformat(timespec="seconds"))
     rows = []
     for label, path in checkouts:
-        commit = git_commit(path)
+        commit = short_commit(path) or "unknown"
         for cmd, cmd_args in COMMANDS.items():
             t = times[label, cmd]
             rows.append(dict(checkout=label, commit=commit, command=cmd, reps=len(t), median_s=round(statistics.median(t), 3),
                              min_s=round(min(t), 3), max_s=round(max(t), 3),
                              heavy_modules=" ".join(heavy_modules(args.python, path, cmd_args)) or "none", **machine))
-    sys.path.insert(0, str(REPO))
     from fglit.reproduction import append_row
     for r in rows:                                      # appended: earlier runs (a before/after pair) stay in the file
         append_row(args.out, r)

@@ -263,6 +263,10 @@ class LocalSimulation(LocalFederation):
         return out
 
     def __enter__(self) -> "LocalSimulation":
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:      # else the SuperLink's simulation fails in its own process and the run waits
+            raise ConfigError("Flower's simulation engine runs the ClientApps on Ray, which is not installed in this environment: "
+                              "pip install 'flwr[simulation]', or run in process (--backend inprocess)")
         try:
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--host", self.host,

@@ -62,6 +62,7 @@ def assert_matches_in_process(flower, local, tol: float = 1e-6) -> None:
     b = local.runs[0].history.sort_values(key).reset_index(drop=True)
     assert a[key + ["n"]].equals(b[key + ["n"]])
     tol = tol if DEV.type == "cpu" else score_tolerance(a.n.to_numpy(), max(tol, 0.05))
-    assert ((a.accuracy - b.accuracy).abs().fillna(0).to_numpy() <= tol).all()
+    gap = (a.accuracy - b.accuracy).abs().fillna(0).to_numpy()
+    assert (gap <= tol).all(), f"scores moved by up to {gap.max():.4f} (rows {a[gap > tol][key].to_dict('records')}); tolerance {tol}"
     fs, ls = flower.summary(), local.summary()
     assert same_total_bytes(fs["bytes_up"], ls["bytes_up"]) and same_total_bytes(fs["bytes_down"], ls["bytes_down"])

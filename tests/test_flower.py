@@ -200,9 +200,23 @@ def test_deployment_faults_on_loopback(shared_root, tmp_path):
     assert _descendants() <= before, "processes left behind"
 
 
+def test_simulation_without_ray_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    "Flower's simulation engine needs Ray: without it `LocalSimulation` says so at once and starts no SuperLink (it used to wait for a run that the SuperLink could not start)."
+    import importlib.util
+    from fglit.federation import ConfigError
+    from fglit.flower import LocalSimulation
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    sim = LocalSimulation(2, tmp_path)
+    with pytest.raises(ConfigError, match="Ray, which is not installed"):
+        sim.__enter__()
+    assert getattr(sim, "superlink", None) is None and not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_cli_backend_flower_sim_matches_inprocess(shared_root):
     import json, os, subprocess, sys
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (flwr[simulation])")
     from pathlib import Path
     script = Path(sys.executable).parent / "fglit"
     args = [str(script), "run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2", "--json"]

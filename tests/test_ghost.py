@@ -97,7 +97,8 @@ def test_short_cora_run_uploads_a_proxy_learns_and_repeats(shared_root):
     b = run("ghost", "Cora", "louvain", 3, **kw)
     assert same_run(a.runs[0].history, b.runs[0].history)
     s = a.summary()
-    assert math.isfinite(s["accuracy_mean"]) and s["accuracy_mean"] > 0.4 and s["communication_rounds"] == 1   # chance: 1/7
+    # chance is 1/7; seeds 0-7 on the CPU gave 0.30 to 0.51 at these settings (CUDA draws other numbers: another seed, in effect)
+    assert math.isfinite(s["accuracy_mean"]) and s["accuracy_mean"] > 0.25 and s["communication_rounds"] == 1
     proxy = flat_state(ProxyGenerator(64, 7, 1433)).numel()
     comm = a.communication()
     up, down = comm[comm.direction == "up"], comm[comm.direction == "down"]

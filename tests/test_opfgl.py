@@ -473,6 +473,21 @@ def test_stage_workers_need_the_stacked_engine_and_split_clients_by_size():
     assert StackedOpFGL.worker_groups(fake, [0, 1, 2]) == [[0, 1, 2]]
 
 
+def test_stage_workers_stay_in_one_process_where_autograd_refuses_forked_copies(monkeypatch):
+    "Where a forked copy could not run autograd (a CUDA machine's process that has trained), the stages stay here, with a warning; the probe itself says yes in a process that may fork."
+    import types
+    import fglit.algorithms.opfgl_stacked as stacked
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_workers=2),
+                                 stack=types.SimpleNamespace(sizes=torch.tensor([5, 4, 3]), x=torch.zeros(1)))
+    assert len(stacked.StackedOpFGL.worker_groups(fake, [0, 1, 2])) == 2
+    monkeypatch.setattr(stacked, "autograd_can_fork", lambda: False)
+    with pytest.warns(RuntimeWarning, match="refuses to run in a copy forked"):
+        assert stacked.StackedOpFGL.worker_groups(fake, [0, 1, 2]) == [[0, 1, 2]]
+    monkeypatch.undo()
+    torch.ones(2, requires_grad=True).sum().backward()          # this process has trained: without CUDA, a forked copy still may
+    assert stacked.autograd_can_fork(always_probe=True) or torch.cuda.is_available()
+
+
 @given(n=st.integers(2, 6), F_=st.integers(1, 9), hidden=st.integers(1, 8), seed=st.integers(0, 10_000))
 @settings(max_examples=30, deadline=None)
 def test_link_predictor_forward_is_its_modules_bit_for_bit(n, F_, hidden, seed):

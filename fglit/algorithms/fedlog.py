@@ -98,6 +98,7 @@ class FedLoGModel(nn.Module):
         self.synthetic_head = nn.Parameter(nn.init.xavier_uniform_(torch.empty(num_classes * per_class, num_features)))
         self.synthetic_tail = nn.Parameter(nn.init.xavier_uniform_(torch.empty(num_classes * per_class, num_features)))
         self.num_classes, self.per_class = num_classes, per_class
+        self.to(next(gnn.parameters()).device)     # the synthetic nodes (drawn on the CPU, as on any device) go where the GNN is
 
     @property
     def gnn(self) -> nn.Module: return self.shared["gnn"]

@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import time
 import traceback
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,23 @@ from ..federation import ConfigError, flat_state, load_flat_state
 from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
-__all__ = ['stage2_loss', 'StackedOpFGL']
+__all__ = ['autograd_can_fork', 'stage2_loss', 'StackedOpFGL']
+
+# %% ../../nbs/20a_opfgl_stacked.ipynb #55b955f2
+def _backward_and_exit() -> None:
+    "A forked probe's body: one backward pass, then the exit status says whether autograd ran."
+    try:
+        torch.ones(1, requires_grad=True).sum().backward()
+    except BaseException:
+        os._exit(1)
+    os._exit(0)
+
+def autograd_can_fork(always_probe: bool = False) -> bool:
+    "Whether a copy of this process forked now may run a backward pass: without CUDA it may (no probe unless `always_probe`); with CUDA visible, a forked probe tries one."
+    if not (always_probe or torch.cuda.is_available()): return True
+    probe = multiprocessing.get_context("fork").Process(target=_backward_and_exit, daemon=True)
+    probe.start(); probe.join()
+    return probe.exitcode == 0
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #f9b24ec2
 class _Stage2Loss(torch.autograd.Function):
@@ -266,9 +284,13 @@ class StackedOpFGL(StackedClients):
         return sub, rows
 
     def worker_groups(self, cids: list[int]) -> list[list[int]]:
-        "The clients split between `config.stage_workers` processes, of about equal total size (largest client first, each to the lightest group), each group in client order; one group where forking is not possible (an accelerator, or no `fork` start method)."
+        "The clients split between `config.stage_workers` processes, of about equal total size (largest client first, each to the lightest group), each group in client order; one group where forking is not possible (an accelerator, no `fork` start method, or a process whose forked copies autograd refuses: `autograd_can_fork`)."
         parts = min(self.config.stage_workers, len(cids))
         if parts == 1 or self.stack.x.device.type != "cpu" or "fork" not in multiprocessing.get_all_start_methods():
+            return [list(cids)]
+        if not autograd_can_fork():
+            warnings.warn(f"stage_workers={self.config.stage_workers}: torch's autograd refuses to run in a copy forked from this process "
+                          "(it has run a backward pass where CUDA devices are visible), so the stages run in this one process", RuntimeWarning, stacklevel=2)
             return [list(cids)]
         groups, load = [[] for _ in range(parts)], [0] * parts
         for k in sorted(cids, key=lambda k: -int(self.stack.sizes[k])):

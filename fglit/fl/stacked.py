@@ -237,7 +237,8 @@ class StackedParams:
         return dict(zip(self.names, self.tensors))
 
     def select(self, rows: Tensor) -> "StackedParams":
-        "The clients `rows` alone (`[K']` indices): copies of their parameters and optimizer state, to train apart and `put` back."
+        "The clients `rows` alone (`[K']` indices, on any device): copies of their parameters and optimizer state, to train apart and `put` back."
+        rows = rows.to(self.steps.device)
         sub = object.__new__(StackedParams)
         sub.__dict__.update(self.__dict__)
         sub.K = len(rows)
@@ -250,6 +251,7 @@ class StackedParams:
     @torch.no_grad()
     def put(self, rows: Tensor, sub: "StackedParams") -> None:
         "Write back what `select(rows)` took out, as `sub` holds it now: parameters, optimizer state and step counts."
+        rows = rows.to(self.steps.device)
         for mine, theirs in zip(self.tensors + self.m + self.v, sub.tensors + sub.m + sub.v):
             mine.detach().index_copy_(0, rows, theirs.detach())
         self.steps.index_copy_(0, rows, sub.steps)
@@ -367,11 +369,11 @@ class StackedClients:
         return self.forward(params, rows=self.stack.train_rows()[0])
 
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
-        "Sum over the active clients of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
+        "Sum over the active clients (`active`: `[K]` bool, on any device) of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
         _, labels, real = self.stack.train_rows()
         if logits.shape[:2] != labels.shape:
             raise ValueError(f"train_loss takes train_forward's logits, [K, t_max, C] with [K, t_max] = {list(labels.shape)}; got {list(logits.shape)}")
-        keep = real & active.unsqueeze(1)
+        keep = real & active.to(real.device).unsqueeze(1)
         per_node = F.cross_entropy(logits[keep], labels[keep], reduction="none")
         return (per_node / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_node.dtype)).sum()
 
