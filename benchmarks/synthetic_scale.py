@@ -5,6 +5,7 @@ a short FedAvg run on the partition, and O-pFGL on it (the surrogate graph and e
     .venv/bin/python benchmarks/synthetic_scale.py [--sizes 100000:2500000 2449029:61859140] [--clients 10 100]
         [--partitions metis louvain louvain:igraph louvain:sknetwork] [--rounds 1] [--stages generate partition fedavg opfgl]
         [--opfgl-set stage1_iters=100 finetune_iters=100 stage_workers=2] [--graph-cache DIR] [--out results/bench/synthetic_scale.csv]
+    .venv/bin/python benchmarks/synthetic_scale.py --sizes 2449029:61859140 --clients 10 100 --stages edges --graph-cache DIR
 
 Each (size, stage) runs in its own process, so its peak resident memory (ru_maxrss) is its own; a stage that runs past
 --timeout seconds is recorded as such. One torch thread (OMP_NUM_THREADS=1), as every fglit timing. Rows are appended
@@ -28,6 +29,8 @@ With --graph-cache, a partition stage also keeps its partition there as a partit
 load it when it is there (`partition_load_s`) instead of partitioning: their `peak_rss_mb` is then their own, not the
 partitioner's (METIS at 2.4M nodes peaks at 21 GB); for the opfgl stage a partition not in the cache yet is made first by
 a partition stage of its own (its row recorded).
+Every row with a partition records `inside_edges`, the share of the graph's directed edges whose two ends are in one
+client (the edges the clients' GNNs propagate over); the edges stage records only that, for a kept partition, in seconds.
 """
 from __future__ import annotations
 
@@ -65,13 +68,13 @@ else:
         torch.save({"x": g.x, "edge_index": g.edge_index, "y": g.y}, tmp)
         tmp.rename(path)
 out["directed_edges"] = int(g.edge_index.size(1))
-if stage in ("partition", "fedavg", "opfgl"):
+if stage in ("partition", "fedavg", "opfgl", "edges"):
     from fglit.own_data import as_dataset
     from fglit.partition import load_partition_file, partition, save_partition_file
     ds = as_dataset(g, name=f"synthetic-{n}")
     name, _, backend = method.partition(":")
     t = time.perf_counter()
-    if stage in ("fedavg", "opfgl") and part_file is not None and part_file.exists():     # the partition stage's, kept in the cache
+    if stage in ("fedavg", "opfgl", "edges") and part_file is not None and part_file.exists():     # the partition stage's, kept in the cache
         p = load_partition_file(ds, part_file)
         out["partition_load_s"] = time.perf_counter() - t
     else:
@@ -83,6 +86,12 @@ if stage in ("partition", "fedavg", "opfgl"):
     sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=clients)
     out.update(covered=int(p.covered), min_client=int(sizes.min()), max_client=int(sizes.max()),
                communities=p.info.get("communities"))
+    inside, a = 0, p.assignment                # the share of the graph's (directed) edges with both ends in one client: the edges it trains on
+    for s in range(0, g.edge_index.size(1), 1 << 24):
+        e = g.edge_index[:, s:s + (1 << 24)]
+        ca = a[e[0]]
+        inside += int(((ca == a[e[1]]) & (ca >= 0)).sum())
+    out["inside_edges"] = inside / max(1, g.edge_index.size(1))
     if stage == "fedavg":                      # each engine on the same partition, one row each
         from fglit.federation import run
         from benchmarks._common import device_name
@@ -128,7 +137,7 @@ if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
-          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s"]
+          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s", "inside_edges"]
 
 
 def engine_settings(settings: dict, engine: str) -> dict:
@@ -151,7 +160,7 @@ def main() -> int:
     ap.add_argument("--sizes", nargs="+", default=["100000:2500000", "1000000:25000000", "2449029:61859140"], metavar="NODES:EDGES")
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--partitions", nargs="+", default=["metis", "louvain"])
-    ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"], choices=["generate", "partition", "fedavg", "opfgl"])
+    ap.add_argument("--stages", nargs="+", default=["generate", "partition", "fedavg"], choices=["generate", "partition", "fedavg", "opfgl", "edges"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--engines", nargs="+", default=["sequential"], choices=["sequential", "stacked"],
                     help="the fedavg and opfgl stages run each, in this order, on one partition (one row each)")
@@ -168,10 +177,10 @@ def main() -> int:
     env, log = stage_env(), RowLog(o.out, FIELDS)
     base = dict(machine=platform.node(), cpus=os.cpu_count(), commit=short_commit(), threads=1)
     cached = lambda size: o.graph_cache is not None and graph_file(o.graph_cache, size).exists()
-    needs_graph = bool({"partition", "fedavg", "opfgl"} & set(o.stages)) and o.graph_cache is not None
+    needs_graph = bool({"partition", "fedavg", "opfgl", "edges"} & set(o.stages)) and o.graph_cache is not None
     jobs = [(size, "generate", None, None, o.engines) for size in o.sizes if "generate" in o.stages or (needs_graph and not cached(size))]
     for size in o.sizes:
-        for stage in ("partition", "fedavg", "opfgl"):
+        for stage in ("partition", "fedavg", "opfgl", "edges"):
             if stage not in o.stages: continue
             for method in o.partitions:
                 for k in o.clients:

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -63,6 +64,7 @@ def test_scale_benchmark_runs_each_engine_on_one_partition(tmp_path):
     assert rows.stack_rows.isna().iloc[0] and rows.stack_rows.iloc[1:].tolist() == [0, 700]   # a stacked row per stack_rows
     assert rows.error.isna().all() and (rows.fedavg_s > 0).all() and rows.device.str.startswith(("cpu", "cuda")).all()
     assert rows.partition_s.nunique() == 1                      # one partition for both engines
+    assert rows.inside_edges.nunique() == 1 and 0 < rows.inside_edges.iloc[0] < 1     # a 3-way METIS cut keeps some edges, cuts others
     assert (rows.accuracy - rows.accuracy.iloc[0]).abs().max() < 0.05   # the engines train the same model
 
 
@@ -89,3 +91,14 @@ def test_scale_benchmark_runs_opfgl_on_a_kept_partition(tmp_path):
     assert op.accuracy.between(0, 1).all() and op.accuracy.nunique() == 1      # O-pFGL has no dropout: the engines agree
     rerun = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "fc")})
     assert rerun.returncode == 0 and pd.read_csv(out).stage.tolist()[4:] == ["opfgl", "opfgl"]   # graph and partition both kept
+    # the edges stage: the kept partition's share of edges inside a client, the same the other stages recorded, as a direct count gives it
+    edges = subprocess.run(args[:args.index("--stages") + 1] + ["edges", "--graph-cache", str(cache), "--out", str(out)],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "fc")})
+    assert edges.returncode == 0, edges.stderr[-2000:]
+    rows = pd.read_csv(out)
+    last = rows.iloc[-1]
+    assert last.stage == "edges" and pd.notna(last.partition_load_s) and rows.inside_edges.iloc[1:].nunique() == 1
+    g = torch.load(next(cache.glob("*.pt")), weights_only=True)
+    node_client = torch.from_numpy(np.load(next(cache.glob("*-metis-k3-s0.npz")))["node_client"])
+    a, b = node_client[g["edge_index"][0]], node_client[g["edge_index"][1]]
+    assert last.inside_edges == pytest.approx(float(((a == b) & (a >= 0)).float().mean()))
