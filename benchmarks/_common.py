@@ -12,8 +12,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def short_commit(repo: Path = REPO) -> str:
-    "The checkout `repo`'s HEAD (this one by default) as a short sha, with '+modified' when code in its fglit/ or benchmarks/ differs from it ('' outside a git checkout)."
+def short_commit(repo: Path | None = None) -> str:
+    "The checkout `repo`'s HEAD (this one, `REPO`, by default) as a short sha, with '+modified' when code in its fglit/ or benchmarks/ differs from it ('' outside a git checkout)."
+    repo = repo or REPO
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -24,8 +25,9 @@ def short_commit(repo: Path = REPO) -> str:
 CODE_SUFFIXES = (".py", ".c", ".sh")      # what a measurement runs; a changed README does not make a row '+modified'
 
 
-def modified(*paths: str, repo: Path = REPO) -> bool | None:
-    "Whether code (`CODE_SUFFIXES`) under the checkout `repo`'s `paths` differs from HEAD (uncommitted changes); None when git cannot tell."
+def modified(*paths: str, repo: Path | None = None) -> bool | None:
+    "Whether code (`CODE_SUFFIXES`) under the checkout `repo`'s (default `REPO`) `paths` differs from HEAD (uncommitted changes); None when git cannot tell."
+    repo = repo or REPO
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=repo, capture_output=True, text=True, timeout=10)
         changed = [line[3:].split(" -> ")[-1].strip('"') for line in out.stdout.splitlines()]
