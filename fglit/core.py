@@ -17,8 +17,8 @@ import torch
 
 # %% auto #0
 __all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch', 'forked_seed',
-           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import', 'pyplot',
-           'load_entry_points']
+           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import',
+           'require_installed', 'pyplot', 'load_entry_points']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
 @lru_cache(maxsize=None)
@@ -122,6 +122,11 @@ def sorted_unique(values: np.ndarray, copy: bool = True) -> np.ndarray:
 EXTRAS = {"matplotlib": "plots", "seaborn": "plots", "flwr": "flower", "ray": "simulation", "tensorboard": "tensorboard", "igraph": "igraph",
           "sknetwork": "sknetwork"}   # module -> extra
 
+def _extra_missing(module: str, top: str) -> ModuleNotFoundError:
+    "The error for an optional `module` (top-level package `top`, one of `EXTRAS`) that is not installed: it names the extra."
+    extra = EXTRAS[top]
+    return ModuleNotFoundError(f"{module} is not installed; it comes with fglit's '{extra}' extra: pip install 'fglit[{extra}]'", name=top)
+
 def optional_import(module: str):
     "Import `module` (e.g. `matplotlib.pyplot`); if it is missing, a `ModuleNotFoundError` that names the extra to install."
     import importlib
@@ -129,10 +134,14 @@ def optional_import(module: str):
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
         top = (err.name or module).split(".")[0]
-        extra = EXTRAS.get(top)
-        if extra is None: raise
-        raise ModuleNotFoundError(f"{module} is not installed; it comes with fglit's '{extra}' extra: "
-                                  f"pip install 'fglit[{extra}]'", name=top) from None
+        if top not in EXTRAS: raise
+        raise _extra_missing(module, top) from None
+
+def require_installed(module: str) -> None:
+    "`optional_import`'s error where the optional `module` is not installed, without importing it (for a package another process uses, such as Flower's Ray)."
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        raise _extra_missing(module, module.split(".")[0])
 
 def pyplot():
     "matplotlib's pyplot, imported on first use (the `plots` extra)."

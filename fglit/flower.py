@@ -263,10 +263,8 @@ class LocalSimulation(LocalFederation):
         return out
 
     def __enter__(self) -> "LocalSimulation":
-        import importlib.util
-        if importlib.util.find_spec("ray") is None:      # else the SuperLink's simulation fails in its own process and the run waits
-            raise ConfigError("Flower's simulation engine runs the ClientApps on Ray, which is not installed in this environment: "
-                              "pip install 'flwr[simulation]', or run in process (--backend inprocess)")
+        from fglit.core import require_installed
+        require_installed("ray")      # the simulation engine's ClientApps run on Ray: without it the SuperLink fails in its own process and the run waits
         try:
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--host", self.host,

@@ -201,15 +201,15 @@ def test_deployment_faults_on_loopback(shared_root, tmp_path):
 
 
 def test_simulation_without_ray_is_refused_before_anything_starts(monkeypatch, tmp_path):
-    "Flower's simulation engine needs Ray: without it `LocalSimulation` says so at once and starts no SuperLink (it used to wait for a run that the SuperLink could not start)."
+    "Flower's simulation engine needs Ray: without it `LocalSimulation` says so at once, naming the extra (`optional_import`'s error), and starts no SuperLink (it used to wait for a run that the SuperLink could not start)."
     import importlib.util
-    from fglit.federation import ConfigError
     from fglit.flower import LocalSimulation
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
     sim = LocalSimulation(2, tmp_path)
-    with pytest.raises(ConfigError, match="Ray, which is not installed"):
+    with pytest.raises(ModuleNotFoundError, match=r"ray is not installed; it comes with fglit's 'simulation' extra") as err:
         sim.__enter__()
+    assert err.value.name == "ray"
     assert getattr(sim, "superlink", None) is None and not any(tmp_path.iterdir())
 
 
