@@ -86,12 +86,8 @@ if stage in ("partition", "fedavg", "opfgl", "edges"):
     sizes = torch.bincount(p.assignment[p.assignment >= 0], minlength=clients)
     out.update(covered=int(p.covered), min_client=int(sizes.min()), max_client=int(sizes.max()),
                communities=p.info.get("communities"))
-    inside, a = 0, p.assignment                # the share of the graph's (directed) edges with both ends in one client: the edges it trains on
-    for s in range(0, g.edge_index.size(1), 1 << 24):
-        e = g.edge_index[:, s:s + (1 << 24)]
-        ca = a[e[0]]
-        inside += int(((ca == a[e[1]]) & (ca >= 0)).sum())
-    out["inside_edges"] = inside / max(1, g.edge_index.size(1))
+    from fglit.partition_reports import edge_counts      # the share of the graph's (directed) edges with both ends in one client: the edges it trains on
+    out["inside_edges"] = edge_counts(g.edge_index, p.assignment)[0] / max(1, g.edge_index.size(1))
     if stage == "fedavg":                      # each engine on the same partition, one row each
         from fglit.federation import run
         from benchmarks._common import device_name

@@ -15,7 +15,8 @@ from .partition_core import Partition
 from .partition_community import _simple_edges
 
 # %% auto #0
-__all__ = ['partition_report', 'report_records', 'partition_summary', 'plot_label_heatmap', 'plot_client_sizes', 'plot_partition']
+__all__ = ['partition_report', 'report_records', 'edge_counts', 'partition_summary', 'plot_label_heatmap', 'plot_client_sizes',
+           'plot_partition']
 
 # %% ../nbs/01d_partition_reports.ipynb #90aa494e
 def _undirected_count(edge_index: torch.Tensor, num_nodes: int) -> int:
@@ -61,6 +62,15 @@ def report_records(p: Partition) -> list[dict]:
     return out
 
 # %% ../nbs/01d_partition_reports.ipynb #745fe997
+def edge_counts(edge_index, assignment, chunk: int = 1 << 24) -> tuple[int, int]:
+    "Of the edges `edge_index` (`[2, E]`, a tensor or an array, each column counted as it is), how many have both ends in one client and how many have both ends in some client (`assignment[i]`: node `i`'s client, -1 for none); `chunk` columns at a time, so a graph of tens of millions of edges needs no `[E]` temporaries."
+    inside = covered = 0
+    for s in range(0, edge_index.shape[1], chunk):
+        cu, cv = assignment[edge_index[0, s:s + chunk]], assignment[edge_index[1, s:s + chunk]]
+        both = (cu >= 0) & (cv >= 0)
+        inside += int((both & (cu == cv)).sum()); covered += int(both.sum())
+    return inside, covered
+
 def partition_summary(partitions: dict) -> pd.DataFrame:
     "One row per named `Partition`: clients, items, client sizes, edges kept and cut (node task), split sizes and label skew."
     rows = []
@@ -80,10 +90,8 @@ def partition_summary(partitions: dict) -> pd.DataFrame:
             src = p._source.data if p._source is not None else None
             kept = sum(_undirected_count(c.edge_index, c.num_nodes) for c in p.clients)
             if src is not None:
-                u, v = _simple_edges(src.edge_index.numpy(), src.num_nodes)
-                both = (a[u] >= 0) & (a[v] >= 0)
-                row.update(edges_kept=kept, edges_cut=int((both & (a[u] != a[v])).sum()),
-                           cut_share=float((both & (a[u] != a[v])).sum() / max(both.sum(), 1)))
+                inside, covered = edge_counts(np.stack(_simple_edges(src.edge_index.numpy(), src.num_nodes)), a)
+                row.update(edges_kept=kept, edges_cut=covered - inside, cut_share=(covered - inside) / max(covered, 1))
         rows.append(row)
     return pd.DataFrame(rows).set_index("partition")
 

@@ -157,10 +157,20 @@ QUICK = dict(surrogate_iters=60, stage1_iters=200, finetune_iters=200, eval_inte
 
 
 @pytest.fixture(scope="module")
-def cora_runs(shared_root):
-    plain = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings=QUICK, progress=False)
-    efficient = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings={**QUICK, "server_efficient": True}, progress=False)
-    return plain, efficient
+def cora_runs_servers(shared_root):
+    "The plain and server-efficient runs, and each one's server."
+    servers = {}
+    def keep(name):
+        return lambda rnd, server, clients: servers.__setitem__(name, server)
+    plain = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings=QUICK, progress=False, callback=keep("plain"))
+    efficient = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings={**QUICK, "server_efficient": True}, progress=False,
+                    callback=keep("efficient"))
+    return (plain, efficient), servers
+
+
+@pytest.fixture(scope="module")
+def cora_runs(cora_runs_servers):
+    return cora_runs_servers[0]
 
 
 def test_opfgl_one_upload_one_download(cora_runs):
@@ -177,6 +187,20 @@ def test_server_efficient_variant_is_the_same_run(cora_runs):
     plain, efficient = cora_runs
     assert plain.per_client().accuracy.tolist() == efficient.per_client().accuracy.tolist()
     assert efficient.summary()["bytes_down"] != plain.summary()["bytes_down"]        # it downloads statistics instead
+
+
+def test_server_efficient_clients_build_the_servers_graph(cora_runs_servers):
+    "What a client builds from the server-efficient download is the graph the plain server built, bit for bit (on the CPU)."
+    from fglit.algorithms.opfgl import surrogate_from_sums
+    _, servers = cora_runs_servers
+    plain, efficient = servers["plain"], servers["efficient"]
+    message = efficient.broadcast(2, [0])[0]
+    assert message["sum"].dtype == message["sum_sq"].dtype == torch.float64      # the sums as the server holds them
+    built = surrogate_from_sums(message, plain.spec.in_dim, efficient.config, int(message["graph_seed"]))
+    exact = built.x.device.type == "cpu"
+    for name in ("x", "edge_index", "edge_weight", "y"):
+        a, b = getattr(built, name), getattr(plain.graph, name)
+        assert a.shape == b.shape and (torch.equal(a, b) if exact else torch.allclose(a.float(), b.float(), atol=1e-3)), name
 
 
 def test_heterogeneous_models(shared_root):

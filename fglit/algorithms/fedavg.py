@@ -341,8 +341,8 @@ class StackedMoon(StackedFedAvg):
     def extra_loss(self, emb, logits, active) -> Tensor:
         s = self.stack
         with torch.no_grad():
-            z_global, _ = self.forward(self.global_params, training=False)
-            z_previous, _ = self.forward(self.params.unflatten(self.previous), training=False)
+            z_global = self.embed(self.global_params)
+            z_previous = self.embed(self.params.unflatten(self.previous))
         rows = s.masks["train"] & active[s.client]
         e, flat = emb.reshape(-1, emb.size(-1))[rows], lambda z: z.reshape(-1, z.size(-1))[rows]
         sims = torch.stack([F.cosine_similarity(e, flat(z_global), dim=-1), F.cosine_similarity(e, flat(z_previous), dim=-1)], 1)

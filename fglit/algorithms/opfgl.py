@@ -570,7 +570,8 @@ class OpFGLServer(Server):
         init = {} if self.init_state is None else {"init_state": self.init_state}
         if not surrogate_possible(self.sums["count"]): return {cid: {"surrogate": "none", **init} for cid in cids}
         if self.config.server_efficient:
-            msg = {**{k: v.float() for k, v in self.sums.items()}, "graph_seed": self.seed}
+            # the sums as the server holds them (float64): a client's pooled statistics are then the server's, bit for bit
+            msg = {**self.sums, "graph_seed": self.seed}
         else:
             msg = self.graph.message()
         return {cid: {**msg, **init} for cid in cids}

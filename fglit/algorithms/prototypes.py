@@ -270,7 +270,7 @@ class StackedFedProto(StackedClients):
     def class_statistics(self) -> tuple[Tensor, Tensor]:
         "Every client's per-class sums `[K, C, d]` and counts `[K, C]` of its training embeddings (eval mode)."
         s, C = self.stack, self.spec.num_classes
-        emb, _ = self.forward(training=False)
+        emb = self.embed()
         rows = s.masks["train"]
         key = s.client[rows] * C + s.y[rows]
         e = emb.reshape(-1, emb.size(-1))[rows]

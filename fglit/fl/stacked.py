@@ -22,7 +22,7 @@ from .protocol import ModelSpec, flat_state
 
 # %% auto #0
 __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_chunks',
-           'stack_budget', 'StackGroups', 'compare_engines']
+           'stack_budget', 'stacks_label', 'StackGroups', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -364,6 +364,13 @@ class StackedClients:
         return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training,
                                rows=rows)
 
+    def embed(self, params: dict | None = None, training: bool = False) -> Tensor:
+        "Embeddings `[K, n_max, h]` alone: the head computes no row (MOON's global and previous models, FedProto's class means read only these)."
+        return self.forward(params, training, rows=self._no_rows())[0]
+
+    def _no_rows(self) -> Tensor:
+        return torch.empty(self.stack.num_clients, 0, dtype=torch.long, device=self.stack.x.device)
+
     def train_forward(self, params: dict | None = None) -> tuple[Tensor, Tensor]:
         "A training pass: embeddings of every row, and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
         return self.forward(params, rows=self.stack.train_rows()[0])
@@ -423,6 +430,10 @@ def stack_chunks(sizes: list[int], cids: list[int], budget: int) -> list[list[in
 def stack_budget(config, device: torch.device) -> int:
     "The padded rows one stack may hold on `device`: `config.stack_rows` on the CPU, 0 (one stack) on an accelerator."
     return config.stack_rows if device.type == "cpu" else 0
+
+def stacks_label(budget) -> str:
+    "How a stacked run split its clients, in words, from its stack budget (`stack_rows`; 0, or NaN in a results table from before the setting existed: one stack)."
+    return f"stacks of <= {budget:.0f} rows" if budget == budget and budget > 0 else "one stack"
 
 # %% ../../nbs/fl/07_stacked.ipynb #d17a6a34
 class StackGroups:
