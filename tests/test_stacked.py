@@ -245,6 +245,27 @@ def test_every_stacked_algorithm_in_bounded_stacks_matches_the_sequential_engine
     assert len(h) == 3 * 8 * 2 or STACKED_SETTINGS[name].get("client_fraction")      # every (round, client, split) scored
 
 
+@pytest.mark.parametrize("stack_rows", [0, 1000])
+def test_the_stacked_engine_scores_the_global_model_on_its_stacks_without_a_union(stack_rows, cora_metis8, monkeypatch):
+    "Global evaluation under the stacked engine reads the stacks' own rows (one stack, or several): no `NodeUnion` (a second copy of every client's graph) is built, and the scores are the sequential engine's (dropout 0)."
+    import fglit.fl.loop as loop
+    ds, part = cora_metis8
+    settings = {"dropout": 0.0, "evaluation": "global"}
+    kw = dict(rounds=2, local_epochs=1, seeds=(0,), progress=False)
+    seq = run("fedavg", ds, part, settings=settings, **kw)
+    def refuse(*args, **kwargs):
+        raise AssertionError("the stacked engine built a NodeUnion")
+    monkeypatch.setattr(loop.NodeUnion, "__init__", refuse)
+    stk = run("fedavg", ds, part, settings={**settings, "engine": "stacked", "stack_rows": stack_rows}, **kw)
+    a, b = seq.runs[0].history, stk.runs[0].history
+    assert len(a) == len(b) == 2 * 8 * 2
+    key = ["round", "client", "split"]
+    merged = a.merge(b, on=key, suffixes=("_seq", "_stk"))
+    assert (merged.accuracy_seq - merged.accuracy_stk).abs().max() <= 1e-5
+    with pytest.raises(AssertionError, match="NodeUnion"):          # the sequential engine still scores on its union
+        run("fedavg", ds, part, settings=settings, **kw)
+
+
 def test_stacked_groups_are_made_only_where_the_clients_exceed_stack_rows(cora_metis8):
     "`build`: several stacks (one per `stack_chunks` list) on the CPU when the clients' padded rows exceed `stack_rows`; one stack when they fit or `stack_rows=0`. (O-pFGL's stacked class keeps one and splits its stages itself: the small-stacks test below.)"
     import torch
