@@ -212,6 +212,37 @@ def test_union_evaluation_equals_per_client_evaluation(cora):
             assert union[split][cid] == pytest.approx(ref)
 
 
+def test_a_union_of_one_client_is_its_own_graph(cora):
+    "A client scored alone (larger than `UNION_ROWS`) is scored on its graph's own tensors, not on copies."
+    from fglit.federation import LocalData, NodeUnion
+    from fglit.partition import partition
+    d = LocalData(partition(cora, "louvain", 5, seed=0).clients[0], "node")
+    u = NodeUnion([d])
+    assert u.x is d.graph.x and u.edge_index is d.graph.edge_index and u.y is d.graph.y
+    assert all(u.masks[s] is d.masks[s] for s in d.masks) and u.num_clients == 1 and (u.client == 0).all()
+
+
+@pytest.mark.parametrize("union_rows", [1, 700])
+def test_pooled_scores_do_not_depend_on_how_the_clients_are_grouped(cora, monkeypatch, union_rows):
+    "The sequential engine's pooled scoring in unions of at most `UNION_ROWS` nodes (1: every client alone; 700: a few together) gives the one-union scores."
+    import fglit.fl.loop as loop
+    from fglit.partition import partition
+    part = partition(cora, "metis", 8, seed=0)
+    kw = dict(rounds=2, local_epochs=1, seeds=(0,), progress=False)
+    one = run("fedavg", cora, part, **kw).runs[0].history
+    monkeypatch.setattr(loop, "UNION_ROWS", union_rows)
+    built = []
+    original = loop.NodeUnion.__init__
+    def counting(self, data):
+        built.append(len(data)); original(self, data)
+    monkeypatch.setattr(loop.NodeUnion, "__init__", counting)
+    grouped = run("fedavg", cora, part, **kw).runs[0].history
+    assert sum(built) == 8 and (max(built) == 1) == (union_rows == 1) and len(built) > 1
+    merged = one.merge(grouped, on=["round", "client", "split"], suffixes=("_one", "_grouped"))
+    assert len(merged) == len(one) == 2 * 8 * 2
+    assert (merged.accuracy_one - merged.accuracy_grouped).abs().max() <= 1e-6
+
+
 def test_progress_bars_rounds_clients_and_silence(cora, monkeypatch, capsys):
     import fglit.fl.loop as loop
     monkeypatch.setattr(loop, "SLOW_ROUND_S", 0.0)           # every round counts as slow (the loop reads its own constant)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
+from ..graph_preprocessing import GraphCache
 from ..metrics import client_average, grouped_scores
 from .messages import message_floats, message_nbytes
 from .config import ConfigError, FedConfig
@@ -30,22 +31,26 @@ from .results import SeedRun
 
 
 # %% auto #0
-__all__ = ['SLOW_ROUND_S', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport',
-           'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form', 'stacked_algorithms', 'CSVLogger',
-           'TensorBoardLogger']
+__all__ = ['SLOW_ROUND_S', 'UNION_ROWS', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'round_seed', 'needs_uplink', 'ClientFacts',
+           'Transport', 'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form', 'stacked_algorithms',
+           'CSVLogger', 'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
-    "All node clients' subgraphs as one block-diagonal graph, with each node's client and split."
+    "All node clients' subgraphs as one block-diagonal graph, with each node's client and split (one client: its own graph's tensors, not copies)."
     def __init__(self, data: list[LocalData]):
         graphs = [d.graph for d in data]
-        offsets = torch.tensor([0] + [g.num_nodes for g in graphs]).cumsum(0)
-        self.x = torch.cat([g.x for g in graphs])
-        self.edge_index = torch.cat([g.edge_index + offsets[i].item() for i, g in enumerate(graphs)], 1)
-        self.y = torch.cat([g.y for g in graphs])
+        if len(graphs) == 1:
+            g = graphs[0]
+            self.x, self.edge_index, self.y, self.masks = g.x, g.edge_index, g.y, dict(data[0].masks)
+        else:
+            offsets = torch.tensor([0] + [g.num_nodes for g in graphs]).cumsum(0)
+            self.x = torch.cat([g.x for g in graphs])
+            self.edge_index = torch.cat([g.edge_index + offsets[i].item() for i, g in enumerate(graphs)], 1)
+            self.y = torch.cat([g.y for g in graphs])
+            self.masks = {s: torch.cat([d.masks[s] for d in data]) for s in SPLITS}
         self.client = torch.repeat_interleave(torch.arange(len(graphs), device=self.x.device),
                                               torch.tensor([g.num_nodes for g in graphs], device=self.x.device))
-        self.masks = {s: torch.cat([d.masks[s] for d in data]) for s in SPLITS}
         self.num_clients = len(graphs)
 
     @torch.no_grad()
@@ -74,6 +79,7 @@ def score_rows(logits: Tensor, union, num_classes: int, splits=("val", "test"), 
 
 # %% ../../nbs/fl/06_loop.ipynb #26da91ba
 SLOW_ROUND_S = 1.0   # after a round slower than this, the next rounds also show a bar over their clients
+UNION_ROWS = 1 << 16  # pooled scoring: clients in unions of at most this many nodes; a larger client is scored alone, on its own graph
 
 def round_seed(seed: int, rnd: int, cid: int) -> int:
     "The torch seed of client `cid`'s local step in round `rnd` of a run seeded with `seed`."
@@ -194,11 +200,22 @@ class InProcess(Transport):
         return rows
 
     def evaluate_pooled(self, message, num_classes):
+        "The one model in `message` on every client's graph: the clients in unions of at most `UNION_ROWS` nodes (largest first, as `stack_chunks` packs them), made once; a client larger than that alone, on its own graph's tensors (no copy of a large graph, and a forward pass of one client's size)."
         if self.union is None:
-            self.union, self.union_model = NodeUnion(self.data), self.server_spec.build()
+            from fglit.fl.stacked import stack_chunks
+            sizes = [d.graph.num_nodes for d in self.data]
+            chunks = stack_chunks(sizes, list(range(len(sizes))), UNION_ROWS)
+            self.union = [(chunk, NodeUnion([self.data[k] for k in chunk])) for chunk in chunks]
+            self.union_model = self.server_spec.build()
+            for m in self.union_model.modules():           # room in its graph cache for every union's adjacency
+                if isinstance(getattr(m, "cache", None), GraphCache): m.cache.maxsize = max(m.cache.maxsize, 2 * len(chunks))
         load_flat_state(self.union_model, message["params"])
-        return [(cid, split, s) for split, per_client in self.union.score(self.union_model, num_classes, auc=self.auc).items()
-                for cid, s in enumerate(per_client)]
+        scores: dict[str, list] = {}
+        for chunk, union in self.union:
+            for split, per_client in union.score(self.union_model, num_classes, auc=self.auc).items():
+                got = scores.setdefault(split, [None] * len(self.data))
+                for k, s in zip(chunk, per_client): got[k] = s
+        return [(cid, split, s) for split, per_client in scores.items() for cid, s in enumerate(per_client)]
 
     def clip_counts(self):
         return (sum(h.uploads for h in self.halves.values()), sum(h.clipped for h in self.halves.values())) if self.halves else None
