@@ -31,9 +31,9 @@ from .results import SeedRun
 
 
 # %% auto #0
-__all__ = ['SLOW_ROUND_S', 'UNION_ROWS', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'round_seed', 'needs_uplink', 'ClientFacts',
-           'Transport', 'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form', 'stacked_algorithms',
-           'CSVLogger', 'TensorBoardLogger']
+__all__ = ['SLOW_ROUND_S', 'UNION_ROWS', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'stack_chunks', 'round_seed', 'needs_uplink',
+           'ClientFacts', 'Transport', 'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form',
+           'stacked_algorithms', 'CSVLogger', 'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
@@ -80,6 +80,17 @@ def score_rows(logits: Tensor, union, num_classes: int, splits=("val", "test"), 
 # %% ../../nbs/fl/06_loop.ipynb #26da91ba
 SLOW_ROUND_S = 1.0   # after a round slower than this, the next rounds also show a bar over their clients
 UNION_ROWS = 1 << 16  # pooled scoring: clients in unions of at most this many nodes; a larger client is scored alone, on its own graph
+
+def stack_chunks(sizes: list[int], cids: list[int], budget: int) -> list[list[int]]:
+    "The clients `cids` (of `sizes[k]` nodes) in groups of at most `budget` padded rows (the stacked engine's stacks, `fl/07_stacked`, and the unions of pooled scoring), $|S| \\cdot \\max_{k \\in S} n_k$: largest client first, a stack closed when the next client would take it over (a larger client alone); each stack in client order. `budget=0`: one stack."
+    if budget == 0: return [list(cids)]
+    chunks, current, widest = [], [], 0
+    for k in sorted(cids, key=lambda k: -sizes[k]):          # the first of a stack is its widest: its padding
+        if current and (len(current) + 1) * widest > budget:
+            chunks.append(sorted(current)); current = []
+        if not current: widest = max(1, sizes[k])
+        current.append(k)
+    return chunks + [sorted(current)] if current else chunks
 
 def round_seed(seed: int, rnd: int, cid: int) -> int:
     "The torch seed of client `cid`'s local step in round `rnd` of a run seeded with `seed`."
@@ -202,7 +213,6 @@ class InProcess(Transport):
     def evaluate_pooled(self, message, num_classes):
         "The one model in `message` on every client's graph: the clients in unions of at most `UNION_ROWS` nodes (largest first, as `stack_chunks` packs them), made once; a client larger than that alone, on its own graph's tensors (no copy of a large graph, and a forward pass of one client's size)."
         if self.union is None:
-            from fglit.fl.stacked import stack_chunks
             sizes = [d.graph.num_nodes for d in self.data]
             chunks = stack_chunks(sizes, list(range(len(sizes))), UNION_ROWS)
             self.union = [(chunk, NodeUnion([self.data[k] for k in chunk])) for chunk in chunks]

@@ -16,13 +16,13 @@ from ..graph_preprocessing import SPARSE_INPUT_DENSITY, SparseOperand, adjacency
 from ..models import dropout
 from .config import ConfigError, make_config
 from .local_data import LocalData, SPLITS
-from .loop import score_rows, simulate, stacked_algorithms, stacked_form
+from .loop import score_rows, simulate, stack_chunks, stacked_algorithms, stacked_form
 from .messages import Message
 from .protocol import ModelSpec, flat_state
 
 # %% auto #0
-__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_chunks',
-           'stack_budget', 'stacks_label', 'StackGroups', 'compare_engines']
+__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_budget',
+           'stacks_label', 'StackGroups', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -416,17 +416,6 @@ class StackedClients:
         return score_rows(logits.reshape(-1, logits.size(-1)), self.stack, self.spec.num_classes, splits, auc=self.config.auc)
 
 # %% ../../nbs/fl/07_stacked.ipynb #05133135
-def stack_chunks(sizes: list[int], cids: list[int], budget: int) -> list[list[int]]:
-    "The clients `cids` (of `sizes[k]` nodes) in stacks of at most `budget` padded rows, $|S| \\cdot \\max_{k \\in S} n_k$: largest client first, a stack closed when the next client would take it over (a larger client alone); each stack in client order. `budget=0`: one stack."
-    if budget == 0: return [list(cids)]
-    chunks, current, widest = [], [], 0
-    for k in sorted(cids, key=lambda k: -sizes[k]):          # the first of a stack is its widest: its padding
-        if current and (len(current) + 1) * widest > budget:
-            chunks.append(sorted(current)); current = []
-        if not current: widest = max(1, sizes[k])
-        current.append(k)
-    return chunks + [sorted(current)] if current else chunks
-
 def stack_budget(config, device: torch.device) -> int:
     "The padded rows one stack may hold on `device`: `config.stack_rows` on the CPU, 0 (one stack) on an accelerator."
     return config.stack_rows if device.type == "cpu" else 0
