@@ -19,7 +19,7 @@ from torch import Tensor
 from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
-from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks, stacks_label
+from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
 __all__ = ['autograd_can_fork', 'stage2_loss', 'StackedOpFGL']

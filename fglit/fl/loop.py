@@ -31,9 +31,9 @@ from .results import SeedRun
 
 
 # %% auto #0
-__all__ = ['SLOW_ROUND_S', 'UNION_ROWS', 'LOG_EVERY_S', 'NodeUnion', 'score_rows', 'stack_chunks', 'round_seed', 'needs_uplink',
-           'ClientFacts', 'Transport', 'InProcess', 'run_rounds', 'simulate', 'Stacked', 'stacked_form',
-           'stacked_algorithms', 'CSVLogger', 'TensorBoardLogger']
+__all__ = ['SLOW_ROUND_S', 'UNION_ROWS', 'LOG_EVERY_S', 'NodeUnion', 'scores_in_client_order', 'pooled_rows', 'score_rows',
+           'stack_chunks', 'round_seed', 'needs_uplink', 'ClientFacts', 'Transport', 'InProcess', 'run_rounds',
+           'simulate', 'Stacked', 'stacked_form', 'stacked_algorithms', 'CSVLogger', 'TensorBoardLogger']
 
 # %% ../../nbs/fl/06_loop.ipynb #0cb1df68
 class NodeUnion:
@@ -66,6 +66,19 @@ def _split_rows(union, split: str) -> tuple[Tensor, Tensor, Tensor]:
         rows = union.masks[split].nonzero().squeeze(1)
         cache[split] = (rows, union.client[rows], union.y[rows])
     return cache[split]
+
+def scores_in_client_order(parts, num_clients: int) -> dict[str, list[dict]]:
+    "`{split: [scores of client 0, 1, ...]}` from `(clients, {split: [their scores, in that order]})` parts (unions or stacks of some clients each)."
+    out: dict[str, list] = {}
+    for chunk, got in parts:
+        for split, per_client in got.items():
+            column = out.setdefault(split, [None] * num_clients)
+            for k, s in zip(chunk, per_client): column[k] = s
+    return out
+
+def pooled_rows(scores: dict[str, list[dict]]) -> list:
+    "`(client, split, scores)` rows of `{split: [scores of client 0, 1, ...]}`, as `Transport.evaluate_pooled` returns them."
+    return [(cid, split, s) for split, per_client in scores.items() for cid, s in enumerate(per_client)]
 
 def score_rows(logits: Tensor, union, num_classes: int, splits=("val", "test"), auc: bool = False) -> dict[str, list[dict]]:
     "Per-client scores from the logits of every node of a union of clients' graphs (`union.client`, `.y`, `.masks`, `.num_clients`)."
@@ -217,15 +230,11 @@ class InProcess(Transport):
             chunks = stack_chunks(sizes, list(range(len(sizes))), UNION_ROWS)
             self.union = [(chunk, NodeUnion([self.data[k] for k in chunk])) for chunk in chunks]
             self.union_model = self.server_spec.build()
-            for m in self.union_model.modules():           # room in its graph cache for every union's adjacency
+            for m in self.union_model.modules():           # room in its graph cache for every union (its adjacency, and a sparse input's operand)
                 if isinstance(getattr(m, "cache", None), GraphCache): m.cache.maxsize = max(m.cache.maxsize, 2 * len(chunks))
         load_flat_state(self.union_model, message["params"])
-        scores: dict[str, list] = {}
-        for chunk, union in self.union:
-            for split, per_client in union.score(self.union_model, num_classes, auc=self.auc).items():
-                got = scores.setdefault(split, [None] * len(self.data))
-                for k, s in zip(chunk, per_client): got[k] = s
-        return [(cid, split, s) for split, per_client in scores.items() for cid, s in enumerate(per_client)]
+        return pooled_rows(scores_in_client_order(
+            ((chunk, union.score(self.union_model, num_classes, auc=self.auc)) for chunk, union in self.union), len(self.data)))
 
     def clip_counts(self):
         return (sum(h.uploads for h in self.halves.values()), sum(h.clipped for h in self.halves.values())) if self.halves else None
@@ -359,9 +368,7 @@ class Stacked(InProcess):
 
     def evaluate_pooled(self, message, num_classes):
         "Every client scores the one model in `message` on its own rows of the stacks (their graphs and adjacencies, already built): no union graph is copied beside them (at 2.4M nodes in 10 clients, a union and its adjacency were the run's peak memory)."
-        shared = message["params"]
-        scores = self.group.scores(shared.unsqueeze(0).expand(len(self.data), -1))
-        return [(cid, split, s) for split, per_client in scores.items() for cid, s in enumerate(per_client)]
+        return pooled_rows(self.group.scores(message["params"].unsqueeze(0).expand(len(self.data), -1)))
 
 
 def stacked_form(client: type):

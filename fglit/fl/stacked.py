@@ -16,7 +16,7 @@ from ..graph_preprocessing import SPARSE_INPUT_DENSITY, SparseOperand, adjacency
 from ..models import dropout
 from .config import ConfigError, make_config
 from .local_data import LocalData, SPLITS
-from .loop import score_rows, simulate, stack_chunks, stacked_algorithms, stacked_form
+from .loop import score_rows, scores_in_client_order, simulate, stack_chunks, stacked_algorithms, stacked_form
 from .messages import Message
 from .protocol import ModelSpec, flat_state
 
@@ -366,10 +366,8 @@ class StackedClients:
 
     def embed(self, params: dict | None = None, training: bool = False) -> Tensor:
         "Embeddings `[K, n_max, h]` alone: the head computes no row (MOON's global and previous models, FedProto's class means read only these)."
-        return self.forward(params, training, rows=self._no_rows())[0]
-
-    def _no_rows(self) -> Tensor:
-        return torch.empty(self.stack.num_clients, 0, dtype=torch.long, device=self.stack.x.device)
+        no_rows = torch.empty(self.stack.num_clients, 0, dtype=torch.long, device=self.stack.x.device)
+        return self.forward(params, training, rows=no_rows)[0]
 
     def train_forward(self, params: dict | None = None) -> tuple[Tensor, Tensor]:
         "A training pass: embeddings of every row, and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
@@ -448,12 +446,8 @@ class StackGroups:
     @torch.no_grad()
     def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
         "Every stack's `scores` (on its clients' rows of `flat`, if given), per split in client order."
-        out = {s: [None] * len(self.data) for s in splits}
-        for stack, chunk in zip(self.stacks, self.chunks):
-            got = stack.scores(None if flat is None else flat[torch.tensor(chunk, device=flat.device)], splits)
-            for s in splits:
-                for k, row in zip(chunk, got[s]): out[s][k] = row
-        return out
+        return scores_in_client_order(((chunk, stack.scores(None if flat is None else flat[torch.tensor(chunk, device=flat.device)], splits))
+                                       for stack, chunk in zip(self.stacks, self.chunks)), len(self.data))
 
 
 # %% ../../nbs/fl/07_stacked.ipynb #85fe5356
