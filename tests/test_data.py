@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from fglit import data as fd
@@ -210,10 +211,49 @@ def test_gin_text_conversion(tmp_path, fresh_cache):
     assert ds.graphs.y.tolist() == [1, 0]
     assert ds.graphs[0].x.shape == (3, 3)                                   # one-hot degree, max degree 2
     # converted once, into fglit's cache: the data root is left as it was (it may be shared), and a second load reads the cache
-    assert not (tmp_path / "COLLAB" / "raw").exists()
-    assert list(fresh_cache.rglob("COLLAB_A.txt"))
+    assert not (tmp_path / "COLLAB" / "raw").exists() and not (tmp_path / "COLLAB" / "processed").exists()
+    assert list(fresh_cache.rglob("COLLAB/processed/data.pt"))
     again = fd.load_dataset("COLLAB", tmp_path)
     assert again.num_graphs == 2 and again.variant == "gin-text"
+
+
+@st.composite
+def gin_texts(draw) -> str:
+    "A GIN-format text: 2-5 graphs of 2-6 nodes (some isolated), each with an edge (PyG's TU reader drops trailing graphs without one), labels from a sparse set, tags that vary or not, self-loops and repeated neighbours."
+    tag_pool = draw(st.sampled_from([[0], [0, 1, 2], [3, 5]]))
+    graphs = []
+    for _ in range(draw(st.integers(2, 5))):
+        n = draw(st.integers(2, 6))
+        lines = [f"{n} {draw(st.sampled_from([0, 2, 7]))}"]
+        for v in range(n):
+            nbrs = ([1] if v == 0 else []) + draw(st.lists(st.integers(0, n - 1), max_size=4))
+            lines.append(" ".join(map(str, [draw(st.sampled_from(tag_pool)), len(nbrs), *nbrs])))
+        graphs.append("\n".join(lines))
+    return f"{len(graphs)}\n" + "\n".join(graphs) + "\n"
+
+
+@settings(max_examples=25, deadline=None)
+@given(text=gin_texts())
+def test_gin_text_dataset_reads_what_tudataset_reads_from_the_tu_conversion(text, tmp_path_factory):
+    from torch_geometric.datasets import TUDataset
+    tmp = tmp_path_factory.mktemp("gin")
+    (tmp / "src").mkdir()
+    with zipfile.ZipFile(tmp / "src" / "G.zip", "w") as z:
+        z.writestr("G/G.txt", text)
+    direct = fd.GinTextDataset(str(tmp / "direct"), "G", tmp / "src" / "G.zip", log=False)
+    fd.gin_text_to_tu(tmp / "src" / "G.zip", "G", tmp / "tu" / "G" / "raw")
+    through_tu = TUDataset(str(tmp / "tu"), "G")
+    assert len(through_tu) == len(direct)
+    for a, b in zip(through_tu, direct):
+        assert a.num_nodes == b.num_nodes and torch.equal(a.edge_index, b.edge_index) and torch.equal(a.y, b.y)
+        assert (a.x is None) == (b.x is None) and (a.x is None or torch.equal(a.x, b.x))
+
+
+def test_gin_text_dataset_keeps_graphs_without_edges(tmp_path):
+    with zipfile.ZipFile(tmp_path / "G.zip", "w") as z:
+        z.writestr("G/G.txt", "3\n1 5\n0 0\n2 5\n0 1 1\n0 1 0\n2 6\n0 1 0\n0 0\n")      # one node; an edge; a self-loop only
+    ds = fd.GinTextDataset(str(tmp_path / "out"), "G", tmp_path / "G.zip", log=False)
+    assert [g.num_nodes for g in ds] == [1, 2, 2] and [g.num_edges for g in ds] == [0, 2, 0] and ds.y.tolist() == [0, 0, 1]
 
 
 def test_edge_homophily():

@@ -489,7 +489,7 @@ def test_stage_workers_need_the_stacked_engine_and_split_clients_by_size():
     OpFGLConfig(stage_workers=2, engine="stacked").validate()
     sizes = [50, 10, 40, 30, 20, 5]
     fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_workers=2),
-                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
+                                 data=[types.SimpleNamespace(graph=types.SimpleNamespace(num_nodes=n, x=torch.zeros(1))) for n in sizes])
     groups = StackedOpFGL.worker_groups(fake, list(range(6)))
     assert sorted(k for g in groups for k in g) == list(range(6)) and all(g == sorted(g) for g in groups)
     loads = [sum(sizes[k] for k in g) for g in groups]
@@ -505,7 +505,7 @@ def test_stage_workers_stay_in_one_process_where_autograd_refuses_forked_copies(
     import types
     import fglit.algorithms.opfgl_stacked as stacked
     fake = types.SimpleNamespace(config=types.SimpleNamespace(stage_workers=2),
-                                 stack=types.SimpleNamespace(sizes=torch.tensor([5, 4, 3]), x=torch.zeros(1)))
+                                 data=[types.SimpleNamespace(graph=types.SimpleNamespace(num_nodes=n, x=torch.zeros(1))) for n in (5, 4, 3)])
     assert len(stacked.StackedOpFGL.worker_groups(fake, [0, 1, 2])) == 2
     monkeypatch.setattr(stacked, "autograd_can_fork", lambda: False)
     with pytest.warns(RuntimeWarning, match="refuses to run in a copy forked"):

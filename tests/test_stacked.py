@@ -213,9 +213,9 @@ def test_stack_chunks_cover_every_client_once_within_the_row_budget(sizes, budge
     assert all(len(m) * max(1, max(sizes[k] for k in m)) > budget for m in merged)
     assert stack_chunks(sizes, cids, 0) == [cids]
     fake = types.SimpleNamespace(config=types.SimpleNamespace(stack_rows=budget),
-                                 stack=types.SimpleNamespace(sizes=torch.tensor(sizes), x=torch.zeros(1)))
+                                 data=[types.SimpleNamespace(graph=types.SimpleNamespace(num_nodes=n, x=torch.zeros(1))) for n in sizes])
     assert StackedOpFGL.stack_chunks(fake, cids) == chunks
-    fake.stack.x = types.SimpleNamespace(device=torch.device("meta"))       # not the CPU: one stack
+    fake.data[0].graph.x = types.SimpleNamespace(device=torch.device("meta"))       # not the CPU: one stack
     assert StackedOpFGL.stack_chunks(fake, cids) == [cids]
 
 
@@ -291,15 +291,19 @@ def test_stacked_groups_are_made_only_where_the_clients_exceed_stack_rows(cora_m
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
-    "With `stack_rows` small enough to split the clients into several stacks (one after another, in each process), every client's log and score is the one a single stack gives; the logs name each client's process and stack."
+def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers, monkeypatch):
+    "With `stack_rows` small enough to split the clients into several stacks (one after another, in each process), every client's log and score is the one a single stack gives; the logs name each client's process and stack; no stack of every client is built (training nor scoring), where one stack holds them all otherwise."
     from fglit.data import load_dataset
     from fglit.federation import get_algorithm, make_config, simulate
+    from fglit.fl.stacked import ClientStack
     from fglit.partition import partition
     ds, algo = load_dataset("Cora"), get_algorithm("opfgl")
     part = partition(ds, "louvain+", 6, seed=0)
-    logs, runs = {}, {}
+    logs, runs, built, build = {}, {}, {0: [], 1000: []}, ClientStack.__init__
     for rows in (0, 1000):
+        def spy(self, data, n_max=None, rows=rows):
+            built[rows].append(len(data)); build(self, data, n_max)
+        monkeypatch.setattr(ClientStack, "__init__", spy)
         cfg = make_config(algo.config, {**algo.defaults_for("Cora", "louvain+"), "surrogate_iters": 50, "stage1_iters": 100,
                                         "finetune_iters": 100, "eval_interval": 20, "patience": 1, "engine": "stacked",
                                         "stage_workers": workers, "stack_rows": rows})
@@ -310,6 +314,7 @@ def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers):
     assert runs[0].history.equals(runs[1000].history)
     assert logs[0].stage_stack.eq(0).all() and logs[1000].stage_stack.nunique() > 1        # split into stacks
     assert logs[1000].stage_process.nunique() == workers
+    assert max(built[0]) == 6 and 0 < max(built[1000]) < 6             # (this process's stacks: the forked worker's are its own)
 
 
 def test_train_loss_refuses_logits_of_every_row(cora_metis8):

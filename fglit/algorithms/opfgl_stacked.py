@@ -19,10 +19,11 @@ from torch import Tensor
 from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
 from ..federation import ConfigError, flat_state, load_flat_state
+from ..fl.loop import scores_in_client_order
 from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
-__all__ = ['autograd_can_fork', 'stage2_loss', 'StackedOpFGL']
+__all__ = ['autograd_can_fork', 'stage2_loss', 'node_counts', 'StackedOpFGL']
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #55b955f2
 def _backward_and_exit() -> None:
@@ -68,6 +69,10 @@ def stage2_loss(flat: Tensor, read: Tensor, sup_at: Tensor, y_sup: Tensor, n_sup
     return _Stage2Loss.apply(flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size)
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #8d641de4
+def node_counts(data) -> list[int]:
+    "Every client's node count, read off its data (not off the stack of every client, built only where one stack holds them all)."
+    return [d.graph.num_nodes for d in data]
+
 class StackedOpFGL(StackedClients):
     "O-pFGL's clients stacked: statistics from each client as before; stages 1 and 2 of every client as one stacked computation, with each client's own early stopping."
     def __init__(self, data, config, spec, init):
@@ -271,30 +276,42 @@ class StackedOpFGL(StackedClients):
 
     def stack_chunks(self, cids: list[int]) -> list[list[int]]:
         "The clients `cids` in `fglit.fl.stacked.stack_chunks`'s stacks of at most `config.stack_rows` padded rows on the CPU; one stack on an accelerator."
-        return stack_chunks(self.stack.sizes.tolist(), list(cids), stack_budget(self.config, self.stack.x.device))
+        return stack_chunks(node_counts(self.data), list(cids), stack_budget(self.config, self.data[0].graph.x.device))
+
+    @torch.no_grad()
+    def scores(self, flat: Tensor | None = None, splits=("val", "test")) -> dict[str, list[dict]]:
+        "`StackedClients.scores` stack by stack (`stack_chunks`), in client order: like training, scoring never holds every client's graph, activations and logits at once."
+        chunks = self.stack_chunks(list(range(self.params.K)))
+        if len(chunks) == 1: return super().scores(flat, splits)
+        parts = []
+        for chunk in chunks:
+            sub, rows = self._part(chunk)
+            parts.append((chunk, sub.scores(None if flat is None else flat[rows.to(flat.device)], splits)))
+        return scores_in_client_order(parts, self.params.K)
 
     def _part(self, cids: list[int]) -> tuple["StackedOpFGL", Tensor]:
-        "The clients `cids` as a `StackedOpFGL` of their own (their graphs, parameters and optimizer state copied out by `ClientStack.select` and `StackedParams.select`; the same client objects, so the logs are theirs), and their rows here, to `put` what it trained back."
+        "The clients `cids` as a `StackedOpFGL` of their own (a `ClientStack` of their graphs, and their parameters and optimizer state copied out by `StackedParams.select`; the same client objects, so the logs are theirs), and their rows here, to `put` what it trained back."
         sub = object.__new__(type(self))
         sub.__dict__.update(self.__dict__)
         rows = torch.tensor(cids, device=self.params.steps.device)
         sub.clients, sub.data = [self.clients[k] for k in cids], [self.data[k] for k in cids]
-        sub.stack, sub.params = self.stack.select(cids), self.params.select(rows)
+        sub.stack, sub.params = ClientStack(sub.data), self.params.select(rows)     # (what self.stack.select(cids) makes, without the stack of all)
         sub.has_train, sub.running = self.has_train[rows.to(self.has_train.device)], None
         return sub, rows
 
     def worker_groups(self, cids: list[int]) -> list[list[int]]:
         "The clients split between `config.stage_workers` processes, of about equal total size (largest client first, each to the lightest group), each group in client order; one group where forking is not possible (an accelerator, no `fork` start method, or a process whose forked copies autograd refuses: `autograd_can_fork`)."
         parts = min(self.config.stage_workers, len(cids))
-        if parts == 1 or self.stack.x.device.type != "cpu" or "fork" not in multiprocessing.get_all_start_methods():
+        if parts == 1 or self.data[0].graph.x.device.type != "cpu" or "fork" not in multiprocessing.get_all_start_methods():
             return [list(cids)]
         if not autograd_can_fork():
             warnings.warn(f"stage_workers={self.config.stage_workers}: torch's autograd refuses to run in a copy forked from this process "
                           "(it has run a backward pass where CUDA devices are visible), so the stages run in this one process", RuntimeWarning, stacklevel=2)
             return [list(cids)]
         groups, load = [[] for _ in range(parts)], [0] * parts
-        for k in sorted(cids, key=lambda k: -int(self.stack.sizes[k])):
-            j = load.index(min(load)); groups[j].append(k); load[j] += int(self.stack.sizes[k])
+        sizes = node_counts(self.data)
+        for k in sorted(cids, key=lambda k: -sizes[k]):
+            j = load.index(min(load)); groups[j].append(k); load[j] += sizes[k]
         return [sorted(g) for g in groups if g]
 
     def stages_forked(self, graph: SurrogateGraph | None, groups: list[list[int]]) -> None:

@@ -323,10 +323,20 @@ class StackedClients:
     def __init__(self, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
         require_stackable(spec)
         self.data, self.config, self.spec = data, config, spec
-        self.stack = ClientStack(data)
+        self._stack: ClientStack | None = None
         self.params = StackedParams(spec, init, config)
         self.forward_fn = STACKED_FORWARDS[spec.name]
-        self.has_train = self.stack.num_train > 0
+        self.has_train = torch.stack([d.masks["train"].any() for d in data]) if data else torch.zeros(0, dtype=torch.bool)
+
+    @property
+    def stack(self) -> ClientStack:
+        "Every client's graph as one `ClientStack`, built on first use: a subclass that trains and scores its clients stack by stack (O-pFGL's) never builds it whole."
+        if self._stack is None: self._stack = ClientStack(self.data)
+        return self._stack
+
+    @stack.setter
+    def stack(self, stack: ClientStack) -> None:
+        self._stack = stack
 
     @classmethod
     def build(cls, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]) -> "StackedClients | StackGroups":
