@@ -16,7 +16,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 # %% auto #0
 __all__ = ['ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'adjacency', 'propagate_hops', 'knn_indices', 'knn_graph', 'SparseOperand',
-           'csr_mm', 'spmm', 'GraphCache', 'CachedEncoder']
+           'csr_mm', 'spmm', 'GraphCache', 'CachedEncoder', 'share_graph_caches']
 
 # %% ../nbs/02a_graph_preprocessing.ipynb #8f94a071
 def _check_dim(name: str, value) -> int:
@@ -214,3 +214,11 @@ class CachedEncoder(nn.Module):
         n, dt = x.size(0), x.dtype
         return self.cache.get(_graph_tensors(edge_index, edge_weight),
                               lambda: SparseOperand(adjacency(edge_index, n, kind, dt, edge_weight)), extra=(n, kind, dt, "operand"))
+
+def share_graph_caches(model: nn.Module, like: nn.Module) -> None:
+    "Point every graph cache of `model` at the one in the same place of `like`, a model of the same architecture and settings (a cache's entries are keyed on the graph, not on the encoder's settings, so only such a twin may share them): one adjacency per graph for both."
+    twins = dict(like.named_modules())
+    for name, mine in model.named_modules():
+        theirs = twins.get(name)
+        if type(theirs) is type(mine) and isinstance(getattr(mine, "cache", None), GraphCache) and isinstance(getattr(theirs, "cache", None), GraphCache):
+            mine.cache = theirs.cache

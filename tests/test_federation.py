@@ -243,6 +243,21 @@ def test_pooled_scores_do_not_depend_on_how_the_clients_are_grouped(cora, monkey
     assert (merged.accuracy_one - merged.accuracy_grouped).abs().max() <= 1e-6
 
 
+def test_a_client_scored_alone_reuses_its_models_adjacency(cora, monkeypatch):
+    "Pooled scoring of a client alone (here `UNION_ROWS=1`) goes through the client's evaluation model, whose graph caches are its own model's: each client's adjacency is built once in the run, for training and scoring alike."
+    import fglit.fl.loop as loop
+    import fglit.graph_preprocessing as gp
+    from fglit.partition import partition
+    part = partition(cora, "metis", 4, seed=0)
+    monkeypatch.setattr(loop, "UNION_ROWS", 1)
+    built, original = [], gp.adjacency
+    def counting(edge_index, *args, **kwargs):
+        built.append(edge_index.data_ptr()); return original(edge_index, *args, **kwargs)
+    monkeypatch.setattr(gp, "adjacency", counting)
+    r = run("fedavg", cora, part, rounds=2, local_epochs=1, seeds=(0,), progress=False)
+    assert len(r.runs[0].history) == 2 * 4 * 2 and len(built) == len(set(built)) == 4
+
+
 def test_progress_bars_rounds_clients_and_silence(cora, monkeypatch, capsys):
     import fglit.fl.loop as loop
     monkeypatch.setattr(loop, "SLOW_ROUND_S", 0.0)           # every round counts as slow (the loop reads its own constant)

@@ -224,7 +224,7 @@ class InProcess(Transport):
         return rows
 
     def evaluate_pooled(self, message, num_classes):
-        "The one model in `message` on every client's graph: the clients in unions of at most `UNION_ROWS` nodes (largest first, as `stack_chunks` packs them), made once; a client larger than that alone, on its own graph's tensors (no copy of a large graph, and a forward pass of one client's size)."
+        "The one model in `message` on every client's graph: the clients in unions of at most `UNION_ROWS` nodes (largest first, as `stack_chunks` packs them), made once; a client larger than that alone, on its own graph's tensors (no copy of a large graph, and a forward pass of one client's size), with its `evaluation_model` where it runs the server's model (its graph caches are its own model's: no second adjacency of its graph)."
         if self.union is None:
             sizes = [d.graph.num_nodes for d in self.data]
             chunks = stack_chunks(sizes, list(range(len(sizes))), UNION_ROWS)
@@ -233,8 +233,11 @@ class InProcess(Transport):
             for m in self.union_model.modules():           # room in its graph cache for every union (its adjacency, and a sparse input's operand)
                 if isinstance(getattr(m, "cache", None), GraphCache): m.cache.maxsize = max(m.cache.maxsize, 2 * len(chunks))
         load_flat_state(self.union_model, message["params"])
+        def model_for(chunk):          # a client alone with the server's model scores it with its evaluation model, whose caches are its own model's
+            alone = self.clients[chunk[0]] if len(chunk) == 1 else None
+            return alone.evaluation_model(message) if getattr(alone, "spec", None) == self.server_spec else self.union_model
         return pooled_rows(scores_in_client_order(
-            ((chunk, union.score(self.union_model, num_classes, auc=self.auc)) for chunk, union in self.union), len(self.data)))
+            ((chunk, union.score(model_for(chunk), num_classes, auc=self.auc)) for chunk, union in self.union), len(self.data)))
 
     def clip_counts(self):
         return (sum(h.uploads for h in self.halves.values()), sum(h.clipped for h in self.halves.values())) if self.halves else None

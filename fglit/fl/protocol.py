@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..core import get_device
 from ..metrics import classification_scores
+from ..graph_preprocessing import share_graph_caches
 from ..models import build_model
 from .messages import Message
 from .config import ConfigError, FedConfig
@@ -76,8 +77,11 @@ class ModelSpec:
     options: tuple = ()            # extra model arguments as (name, value) pairs, e.g. (("K", 4),)
 
     def build(self) -> nn.Module:
-        return build_model(self.name, self.in_dim, self.num_classes, task=self.task, hidden=self.hidden,
-                           layers=self.layers, dropout=self.dropout, **dict(self.options)).to(get_device())
+        "The model, on fglit's device, marked with this spec (`built_from`: two models of one spec may share graph caches)."
+        model = build_model(self.name, self.in_dim, self.num_classes, task=self.task, hidden=self.hidden,
+                            layers=self.layers, dropout=self.dropout, **dict(self.options)).to(get_device())
+        model.built_from = self
+        return model
 
     def replace(self, **changes) -> "ModelSpec":
         "A copy with some fields changed (`options` given as a dict or pairs)."
@@ -160,11 +164,13 @@ class Client:
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluation_model(self, message: Message | None) -> nn.Module:
-        "The model to score: the client's own, or (global evaluation) a scratch copy holding `message['params']`."
+        "The model to score: the client's own, or (global evaluation) a scratch copy holding `message['params']` (sharing the own model's graph caches where both are of the client's spec)."
         if message is None or "params" not in message:
             return self.model
         if self._scratch is None:
             self._scratch = self.spec.build()
+            if getattr(self.model, "built_from", None) == self.spec:      # its twin: one adjacency of this client's graph for both
+                share_graph_caches(self._scratch, self.model)
         load_flat_state(self._scratch, message["params"])
         return self._scratch
 
