@@ -31,7 +31,7 @@ demo: setup
 # processes of one torch thread each (several threads per process on a small machine oversubscribe its cores).
 test: setup check-sync docs-proc
 	OMP_NUM_THREADS=1 $(BIN)/nbdev_test --timing --n_workers $(JOBS)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -q -m "not long" -n $(JOBS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests -q -m "not long" -n $(JOBS) --durations=15
 
 # The tests `make test` leaves out for time: O-pFGL deployed over real SuperNode processes on loopback.
 test-long: setup

@@ -278,8 +278,9 @@ def test_runs_under_secure_aggregation_and_partial_participation(shared_root):
 
 
 def test_cli_run_adafgl_json(shared_root):
-    s = cli_run_json(shared_root, "adafgl", "--dataset", "Cora", "--partition", "louvain", "--clients", "5", "--rounds", "2")
-    assert s["algorithm"] == "adafgl" and s["rounds"] == 2 and s["config"]["federated_rounds"] == 1
+    s = cli_run_json(shared_root, "adafgl", "--dataset", "Cora", "--partition", "louvain", "--clients", "5", "--rounds", "2",
+                     "--set", "personal_epochs=20")         # (the default 200 of dense N x N steps: most of a minute, for a CLI check)
+    assert s["algorithm"] == "adafgl" and s["rounds"] == 2 and s["config"]["federated_rounds"] == 1 and s["config"]["personal_epochs"] == 20
     assert len(s["per_client"]) == 5 and 0 < s["accuracy_mean"] <= 1 and s["bytes_up"] > 0
 
 
