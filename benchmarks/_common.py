@@ -123,7 +123,8 @@ def opfgl_parts(server, logs: list[dict], engine: str) -> dict:
     """O-pFGL's parts of one run, from its server and its clients' logs (a `callback` keeps both): the surrogate graph's time
     and the kernel that built it ('none' without a graph), and each stage's wall time: the clients' one after another
     under the sequential engine; under the stacked one, a stack's clients share its stage time, a process's stacks run one
-    after another and the processes (stage_workers) at once: the slowest process's sum over its stacks."""
+    after another and the processes (stage_workers) at once: the slowest process's sum over its stacks. `worker_peak_rss_mb`:
+    the largest peak memory a forked stage worker logged (`stage_peak_rss_mb`; 0 without workers), its shared pages included."""
     graph = server.graph
 
     def wall(key: str) -> float:
@@ -136,4 +137,6 @@ def opfgl_parts(server, logs: list[dict], engine: str) -> dict:
         for (process, _), seconds in stacks.items(): processes[process] = processes.get(process, 0.0) + seconds
         return max(processes.values(), default=0.0)
     return dict(surrogate_s=graph.seconds if graph is not None else 0.0, surrogate_kernel=graph.kernel if graph is not None else "none",
-                stage1_s=wall("stage1_s"), stage2_s=wall("stage2_s"))
+                stage1_s=wall("stage1_s"), stage2_s=wall("stage2_s"),
+                worker_peak_rss_mb=max((log["stage_peak_rss_mb"] for log in logs if log.get("stage_process", 0) > 0
+                                        and log.get("stage_peak_rss_mb") is not None), default=0.0))

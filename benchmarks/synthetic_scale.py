@@ -24,7 +24,9 @@ partitioning run on the CPU.
 
 The opfgl stage runs O-pFGL (the paper's settings, with --opfgl-set over them: a shorter schedule at this size; stage_workers applies to the stacked engine) once per
 --engines on one partition, a row per engine, each engine in a process of its own: `opfgl_s` the whole run, `surrogate_s`, `stage1_s`, `stage2_s` its parts
-(the stacked engine's stages are one shared computation; the sequential one's the clients' sum) and the settings used.
+(the stacked engine's stages are one shared computation; the sequential one's the clients' sum) and the settings used;
+`peak_rss_mb` is the process's own peak and `worker_peak_rss_mb` the largest forked stage worker's (`stage_workers`; 0 without one):
+a worker starts as a copy-on-write copy of the process, so the pages the two share count in both.
 With --graph-cache, a partition stage also keeps its partition there as a partition file, and the fedavg and opfgl stages
 load it when it is there (`partition_load_s`) instead of partitioning: their `peak_rss_mb` is then their own, not the
 partitioner's (METIS at 2.4M nodes peaks at 21 GB); for the opfgl stage a partition not in the cache yet is made first by
@@ -133,7 +135,8 @@ if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "nodes", "edges", "stage", "partition", "clients",
           "rounds", "eval_every", "directed_edges", "generate_s", "partition_s", "fedavg_s", "accuracy", "peak_rss_mb", "error", "graph", "load_s",
           "covered", "min_client", "max_client", "communities", "engine", "device", "cuda_peak_mb",
-          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s", "inside_edges"]
+          "opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "surrogate_kernel", "settings", "stage_workers", "stack_rows", "partition_load_s", "inside_edges",
+          "worker_peak_rss_mb"]
 
 
 def engine_settings(settings: dict, engine: str) -> dict:

@@ -76,9 +76,12 @@ def test_opfgl_parts_add_a_process_stacks_and_take_the_slowest_process():
     import types
     from benchmarks._common import opfgl_parts
     server = types.SimpleNamespace(graph=types.SimpleNamespace(seconds=2.0, kernel="c"))
-    logs = [dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0), dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0),
-            dict(stage1_s=0.5, stage2_s=2.0, stage_process=0, stage_stack=1), dict(stage1_s=1.2, stage2_s=4.0, stage_process=1, stage_stack=0)]
-    assert opfgl_parts(server, logs, "stacked") == dict(surrogate_s=2.0, surrogate_kernel="c", stage1_s=1.5, stage2_s=5.0)
+    logs = [dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0, stage_peak_rss_mb=900.0),
+            dict(stage1_s=1.0, stage2_s=3.0, stage_process=0, stage_stack=0, stage_peak_rss_mb=900.0),
+            dict(stage1_s=0.5, stage2_s=2.0, stage_process=0, stage_stack=1, stage_peak_rss_mb=900.0),
+            dict(stage1_s=1.2, stage2_s=4.0, stage_process=1, stage_stack=0, stage_peak_rss_mb=700.0)]
+    assert opfgl_parts(server, logs, "stacked") == dict(surrogate_s=2.0, surrogate_kernel="c", stage1_s=1.5, stage2_s=5.0,
+                                                        worker_peak_rss_mb=700.0)      # the forked worker's (process 1), not this one's
     assert opfgl_parts(server, logs, "sequential")["stage2_s"] == 12.0
     assert opfgl_parts(types.SimpleNamespace(graph=None), [dict(stage2_s=1.0)], "stacked") == \
-        dict(surrogate_s=0.0, surrogate_kernel="none", stage1_s=0.0, stage2_s=1.0)
+        dict(surrogate_s=0.0, surrogate_kernel="none", stage1_s=0.0, stage2_s=1.0, worker_peak_rss_mb=0.0)

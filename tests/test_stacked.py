@@ -315,6 +315,7 @@ def test_opfgl_stacked_in_small_stacks_gives_the_one_stack_results(workers, monk
     assert logs[0].stage_stack.eq(0).all() and logs[1000].stage_stack.nunique() > 1        # split into stacks
     assert logs[1000].stage_process.nunique() == workers
     assert max(built[0]) == 6 and 0 < max(built[1000]) < 6             # (this process's stacks: the forked worker's are its own)
+    assert (logs[1000].stage_peak_rss_mb > 0).all()                      # each process's peak memory, the worker's its own
 
 
 def test_train_loss_refuses_logits_of_every_row(cora_metis8):

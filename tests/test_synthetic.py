@@ -84,6 +84,7 @@ def test_scale_benchmark_runs_opfgl_on_a_kept_partition(tmp_path):
     assert op.partition_load_s.notna().all() and op.partition_s.isna().all()   # loaded, not partitioned again
     assert (op[["opfgl_s", "surrogate_s", "stage1_s", "stage2_s", "peak_rss_mb"]] > 0).all().all()
     assert (op[["surrogate_s", "stage1_s", "stage2_s"]].sum(axis=1) < op.opfgl_s).all()
+    assert op.worker_peak_rss_mb.iloc[0] == 0 and op.worker_peak_rss_mb.iloc[1] > 0     # the stacked engine's stages forked a worker
     # each row's settings are the ones its engine ran with: the sequential engine runs without processes or stacks
     assert op.settings.tolist() == ["surrogate_iters=10 stage1_iters=10 finetune_iters=10",
                                     "surrogate_iters=10 stage1_iters=10 finetune_iters=10 stage_workers=2"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import sys
 import time
 import traceback
 import warnings
@@ -23,7 +24,7 @@ from ..fl.loop import scores_in_client_order
 from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
-__all__ = ['autograd_can_fork', 'stage2_loss', 'node_counts', 'StackedOpFGL']
+__all__ = ['autograd_can_fork', 'stage2_loss', 'peak_rss_mb', 'node_counts', 'StackedOpFGL']
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #55b955f2
 def _backward_and_exit() -> None:
@@ -69,6 +70,14 @@ def stage2_loss(flat: Tensor, read: Tensor, sup_at: Tensor, y_sup: Tensor, n_sup
     return _Stage2Loss.apply(flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size)
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #8d641de4
+def peak_rss_mb() -> float | None:
+    "This process's peak resident memory so far, in MB (None where the platform has no `resource` module). In a forked copy, its own peak: the pages it shares with its parent count."
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)   # bytes on macOS, KB on Linux
+
 def node_counts(data) -> list[int]:
     "Every client's node count, read off its data (not off the stack of every client, built only where one stack holds them all)."
     return [d.graph.num_nodes for d in data]
@@ -254,7 +263,7 @@ class StackedOpFGL(StackedClients):
         return {k: {} for k in cids}
 
     def stages(self, graph: SurrogateGraph | None, cids: list[int], process: int = 0) -> None:
-        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph): one `stack_chunks` stack after another, each one that is not every client here as a `StackedOpFGL` of its own (`_part`: no step, teacher or check computes the others), each client's log naming its `process` and stack."
+        "Stages 1 and 2 of the clients `cids`, here (stage 2 alone, without distillation, when there is no surrogate graph): one `stack_chunks` stack after another, each one that is not every client here as a `StackedOpFGL` of its own (`_part`: no step, teacher or check computes the others), each client's log naming its `process`, its stack and the process's peak memory after its stages (`stage_peak_rss_mb`)."
         for j, chunk in enumerate(self.stack_chunks(cids)):
             if chunk == list(range(self.params.K)):
                 self._stages_here(graph, process, j)
@@ -262,6 +271,8 @@ class StackedOpFGL(StackedClients):
             sub, rows = self._part(chunk)
             sub._stages_here(graph, process, j)
             self.params.put(rows, sub.params)
+        peak = peak_rss_mb()
+        for k in cids: self.clients[k].log.update(stage_peak_rss_mb=peak)
 
     def _stages_here(self, graph: SurrogateGraph | None, process: int, stack: int) -> None:
         "Stages 1 and 2 of every client of this stack."
