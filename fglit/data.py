@@ -143,13 +143,17 @@ def _simple_undirected(edges: np.ndarray, n: int) -> np.ndarray:
     edges = np.stack([keys // n, keys % n], 1)
     return edges[edges[:, 0] != edges[:, 1]]
 
+def _tags_vary(tags: np.ndarray) -> bool:
+    "Whether the GIN node tags carry information (they differ somewhere): only then are they node labels."
+    return len(tags) > 0 and bool(np.any(tags != tags[0]))
+
 def gin_text_to_tu(zip_path: Path, name: str, raw_dir: Path) -> list[Path]:
     "Convert `<name>/<name>.txt` inside a GIN-format zip into TU raw files in `raw_dir`; returns the files written."
     edges, graph_of_node, labels, tags = _read_gin_zip(zip_path, name)
     edges = _simple_undirected(edges, len(graph_of_node))
     raw_dir.mkdir(parents=True, exist_ok=True)
     out = {"A": edges + 1, "graph_indicator": graph_of_node + 1, "graph_labels": labels}
-    if np.any(tags != tags[0]):
+    if _tags_vary(tags):
         out["node_labels"] = tags
     written = []
     for suffix, values in out.items():
@@ -191,7 +195,7 @@ class GinTextDataset(InMemoryDataset):
         per_graph = local.split(np.bincount(graph_of_edge, minlength=num_graphs).tolist(), 1)
         y = torch.from_numpy(np.unique(labels, return_inverse=True)[1].reshape(-1))
         x = None
-        if len(tags) and np.any(tags != tags[0]):
+        if _tags_vary(tags):
             x = F.one_hot(torch.from_numpy(tags - tags.min()), int(tags.max() - tags.min()) + 1).float().split(sizes.tolist())
         graphs = [Data(edge_index=e, y=y[g:g + 1], num_nodes=int(sizes[g]), **({} if x is None else {"x": x[g]}))
                   for g, e in enumerate(per_graph)]
