@@ -4,6 +4,7 @@ per seed: the issue's target is <= 10 s per seed on 2 cores at the same accuracy
     .venv/bin/python benchmarks/opfgl_engines.py                 # seeds 0 1 2, sequential and stacked
     .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2   # and stacked with its stages in 2 processes
     .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2 --surrogate-kernels torch c   # and each with the surrogate graph in C
+    .venv/bin/python benchmarks/opfgl_engines.py --flush-denormal off on --out results/bench/denormals_ab.csv   # denormals kept / flushed
     .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out /tmp/o.csv --set surrogate_iters=50 stage1_iters=50 finetune_iters=50
 
 Appends one row per (seed, engine) to results/bench/opfgl_engines.csv: simulation wall time (statistics, the server's
@@ -34,6 +35,9 @@ def main() -> int:
                     help="the stacked engine once per N: its two stages shared by N forked processes (O-pFGL's stage_workers)")
     ap.add_argument("--surrogate-kernels", nargs="+", default=["torch"], choices=["torch", "c"],
                     help="the stacked engine once per kernel of the surrogate graph (O-pFGL's surrogate_kernel; 'c' compiles a small C routine and runs on the CPU only: left out on CUDA)")
+    ap.add_argument("--flush-denormal", nargs="+", default=["on"], choices=["on", "off"],
+                    help="each run once per mode of the CPU's denormal floats (FGLIT_FLUSH_DENORMAL; 'on off' measures "
+                         "both side by side, alternating within each seed)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="O-pFGL settings over the paper's (e.g. shorter schedules for a smoke run)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "opfgl_engines.csv")
     o = ap.parse_args()
@@ -58,7 +62,8 @@ def main() -> int:
         part = partition(ds, o.partition, o.clients, seed=seed)
         runs = [(e, w, k) for e in o.engines for k in (o.surrogate_kernels if e == "stacked" else ["torch"])
                 for w in (o.stage_workers if e == "stacked" else [1])]
-        for engine, workers, kernel in runs:
+        for (engine, workers, kernel), flush in ((run, f) for run in runs for f in o.flush_denormal):
+            os.environ["FGLIT_FLUSH_DENORMAL"] = "1" if flush == "on" else "0"   # read by the loop's cpu_compute()
             config = make_config(algo.config, {**algo.defaults_for(ds.name, o.partition), **extra, "engine": engine,
                                                "stage_workers": workers, "surrogate_kernel": kernel})
             box = {}
@@ -68,6 +73,7 @@ def main() -> int:
             row = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
                        dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, device=device_name(),
+                       flush_denormal=flush,
                        simulate_s=time.perf_counter() - t,
                        # the kernel that built the graph ('c' asked for on a graph it does not cover is built, and written, as torch)
                        **opfgl_parts(box["server"], box["logs"], engine),

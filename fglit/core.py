@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'seed_everything', 'reseed_torch', 'forked_seed',
-           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import',
-           'require_installed', 'pyplot', 'load_entry_points']
+__all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'default_flush_denormal', 'denormals_flushed',
+           'flush_denormals', 'cpu_compute', 'seed_everything', 'reseed_torch', 'forked_seed', 'default_data_root',
+           'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import', 'require_installed', 'pyplot',
+           'load_entry_points']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
 @lru_cache(maxsize=None)
@@ -50,6 +51,33 @@ def cpu_threads(n: int | None = None):
         yield
     finally:
         torch.set_num_threads(before)
+
+def default_flush_denormal() -> bool:
+    "Whether simulations flush denormal floats to zero: on unless `FGLIT_FLUSH_DENORMAL` is 0/false/no/off."
+    return os.environ.get("FGLIT_FLUSH_DENORMAL", "1").strip().lower() not in ("0", "false", "no", "off")
+
+def denormals_flushed() -> bool:
+    "Whether this thread's CPU now flushes denormal floats to zero (a denormal float32 times 0.5 comes out 0)."
+    return float(torch.full((1,), 1e-40) * 0.5) == 0.0
+
+@contextlib.contextmanager
+def flush_denormals(enabled: bool | None = None):
+    "Run the block with denormal floats flushed to zero on the CPU (default `default_flush_denormal()`), then the previous mode."
+    wanted = default_flush_denormal() if enabled is None else bool(enabled)
+    before = denormals_flushed()
+    if wanted == before or not torch.set_flush_denormal(wanted):   # unchanged, or a CPU without the flag
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
+
+@contextlib.contextmanager
+def cpu_compute(threads: int | None = None):
+    "The simulator's CPU settings for the block: `cpu_threads(threads)` and `flush_denormals()`."
+    with cpu_threads(threads), flush_denormals():
+        yield
 
 # %% ../nbs/00_core.ipynb #49841bcc
 def seed_everything(seed: int, deterministic: bool = False) -> None:

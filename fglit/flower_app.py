@@ -20,7 +20,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from .core import cpu_threads, get_device, reseed_torch, seed_everything
+from .core import cpu_compute, get_device, reseed_torch, seed_everything
 from .federation import (ClientInfo, ConfigError, LocalData, ModelSpec, RunResult, SeedRun, client_spec,
                               get_algorithm, git_commit, message_floats, message_nbytes, resolve_run_config, round_seed)
 from .fl.loop import ClientFacts, Transport, needs_uplink, run_rounds
@@ -148,7 +148,7 @@ def _setup(message: Message, context: Context) -> Message:
         raise ConfigError(f"the server runs {meta['dataset']}, this node loaded {ds.name}")
     spec = ModelSpec(config.model, ds.num_features, ds.num_classes, ds.task, config.hidden, config.layers, config.dropout)
     local = lambda c: LocalData(c, ds.task, config.batch_size, graphless_knn=config.graphless_knn, fold=config.fold)
-    with cpu_threads():
+    with cpu_compute():
         if run.replay:                # the in-process simulator's start, up to this client
             seed_everything(run.seed)
             data = [local(c) for c in part.clients]
@@ -177,7 +177,7 @@ def _train(message: Message, context: Context) -> Message:
     meta = record_meta(message.content)
     rnd, seed = int(meta["round"]), int(meta["seed"])
     down = get_message(message.content)
-    with cpu_threads():
+    with cpu_compute():
         reseed_torch(round_seed(seed, rnd, client.cid))
         reply = client.local_step(down, rnd)
         if meta.get("seal"): reply = half.seal(rnd, down, reply)
@@ -200,7 +200,7 @@ def _uplink(message: Message, context: Context) -> Message:
 def _evaluate(message: Message, context: Context) -> Message:
     (client, _), _ = _load_client(context)
     meta = record_meta(message.content)
-    with cpu_threads():
+    with cpu_compute():
         return _reply(message, _scores(client, get_message(message.content, "fglit.eval") if meta["eval_global"] else None))
 
 def make_client_app() -> ClientApp:

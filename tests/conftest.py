@@ -18,9 +18,9 @@ def shared_root() -> Path:
 
 @pytest.fixture
 def simulator_threads():
-    "Compute with fglit's simulation thread count (as `run` does), restored afterwards: hand-run clients match `run`."
-    from fglit.core import cpu_threads
-    with cpu_threads():
+    "Compute with fglit's simulation CPU settings (as `run` does), restored afterwards: hand-run clients match `run`."
+    from fglit.core import cpu_compute
+    with cpu_compute():
         yield
 
 

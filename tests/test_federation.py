@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from fglit.core import cpu_threads, get_device, seed_everything
+from fglit.core import cpu_compute, get_device, seed_everything
 from fglit.data import load_dataset
 from fglit.federation import (POOLS, ConfigError, FedConfig, decode_message, encode_message, flat_state, get_algorithm,
                               make_config, make_optimizer, message_floats, message_nbytes, round_seed, run, simulate, weighted_mean)
@@ -100,7 +100,7 @@ def test_fedavg_one_client_is_centralised_training(cora):
     for step in range(1, rounds + 1):
         torch.manual_seed(round_seed(seed, step, 0))
         model.train(); opt.zero_grad()
-        with cpu_threads():          # the simulator's thread count: float sums in the same order
+        with cpu_compute():          # the simulator's CPU settings: float sums in the same order, denormals flushed alike
             F.cross_entropy(model(d.x, d.edge_index)[d.train_mask], d.y[d.train_mask]).backward()
             opt.step()
         if dev.type == "cpu":

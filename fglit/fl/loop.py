@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..core import cpu_threads, reseed_torch, seed_everything, tqdm
+from ..core import cpu_compute, reseed_torch, seed_everything, tqdm
 from ..graph_preprocessing import GraphCache
 from ..metrics import client_average, grouped_scores
 from .messages import message_floats, message_nbytes
@@ -245,7 +245,7 @@ class InProcess(Transport):
 def run_rounds(algorithm: Algorithm, transport: Transport, config: FedConfig, seed: int = 0, progress: bool | None = None,
                desc: str = "", callback: Callable | None = None) -> SeedRun:
     "Run one seed of `algorithm` over `transport`: fglit's one round loop (see above)."
-    with cpu_threads():
+    with cpu_compute():
         return _run_rounds(algorithm, transport, config, seed, progress, desc, callback)
 
 def _run_rounds(algorithm, transport, config, seed, progress, desc, callback) -> SeedRun:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from unittest.mock import patch
 
-from ..core import cpu_threads, pyplot
+from ..core import cpu_compute, pyplot
 import fglit.algorithms.gpfl as gpfl_module
 from ..federation import flat_state, run
 from ..algorithms.gpfl import (_parameter_mask, cosine_network, dataset_graph_properties, functional_embeddings,
@@ -310,7 +310,7 @@ def measure_init_and_learning(datasets=("NCI1", "PROTEINS"), ks=(15, 20, 25), al
                               out: str | Path | None = None) -> pd.DataFrame:
     "Fig. 6: median seconds of property init (client graph properties uncached, `property_repeats` times: minutes each + server selection), random init, one GAE learning and one whole round."
     rows = []
-    with cpu_threads(threads):
+    with cpu_compute(threads):
         for d in datasets:
             for k in ks:
                 server, clients, _ = capture_federation("gpfl", d, "soft_dirichlet", k, {"alpha": alpha, "fold": 0, **(settings or {})})
@@ -378,7 +378,7 @@ def measure_round_breakdown(dataset: str = "NCI1", clients: int = 25, alpha: flo
                             threads: int = 1, settings: dict | None = None, out: str | Path | None = None) -> pd.DataFrame:
     "One GPFL round: median seconds of local training (all clients) and of each server step, and of `GPFLServer.aggregate` as a whole."
     samples: dict[str, list[float]] = {}
-    with cpu_threads(threads):
+    with cpu_compute(threads):
         server, cl, _ = capture_federation("gpfl", dataset, "soft_dirichlet", clients, {"alpha": alpha, "fold": 0, **(settings or {})})
         for r in range(max(1, repeats)):
             replies, secs = local_round(server, cl, 2 + r)
@@ -394,7 +394,7 @@ def measure_server_scaling(dataset: str = "NCI1", ks=(15, 20, 25, 50, 75, 100), 
                            threads: int = 1, settings: dict | None = None, out: str | Path | None = None) -> pd.DataFrame:
     "Server steps of one steady-state GPFL round for each k: median seconds per step over `repeats`, with the learned network's links."
     rows = []
-    with cpu_threads(threads):
+    with cpu_compute(threads):
         for k in ks:
             server, cl, _ = capture_federation("gpfl", dataset, "soft_dirichlet", k, {"alpha": alpha, "fold": 0, **(settings or {})})
             replies, _ = local_round(server, cl, 2)
@@ -467,7 +467,7 @@ def measure_aggregation(ks=(25, 50, 75, 100), Fs=(30_000, 300_000), link_fractio
     "Median seconds of `personalised_update` sparse (discrete) vs dense on the same W, with the multiply-add counts; `link_fractions`: name -> fraction of the k(k-1) links (default: the paper's 1.7 and full)."
     fracs = link_fractions or {"paper 1.7x": None, "full": 1.0}
     rows = []
-    with cpu_threads(threads):
+    with cpu_compute(threads):
         for k in ks:
             for name, frac in fracs.items():
                 links = links_for_ratio(k, 1.7) if frac is None else int(round(frac * k * (k - 1)))
