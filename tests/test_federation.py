@@ -490,3 +490,18 @@ def test_pool_bad_input(kwargs, message, cora, shared_root):
     ds = load_dataset(kwargs.pop("dataset"), shared_root) if "dataset" in kwargs else cora
     with pytest.raises(ConfigError, match=message):
         run("standalone", ds, "metis" if ds.task == "node" else "iid", 2, rounds=1, local_epochs=1, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("env,inside", [(None, True), ("0", False)])
+def test_the_round_loop_flushes_denormals_unless_told_not_to(cora_parts, monkeypatch, env, inside):
+    """Each round runs with denormal floats flushed to zero on the CPU (`cpu_compute`), unless FGLIT_FLUSH_DENORMAL=0;
+    the caller's mode (here: not flushing) is back after the run."""
+    from fglit.core import denormals_flushed
+    ds, part = cora_parts
+    if env is not None: monkeypatch.setenv("FGLIT_FLUSH_DENORMAL", env)
+    assert not denormals_flushed()
+    seen = []
+    run("fedavg", dataset=ds, partition=part, clients=3, rounds=2, local_epochs=1, settings={"engine": "stacked"},
+        progress=False, callback=lambda rnd, server, clients: seen.append(denormals_flushed()))
+    assert seen == [inside, inside]
+    assert not denormals_flushed()
