@@ -18,9 +18,11 @@ def shared_root() -> Path:
 
 @pytest.fixture
 def simulator_threads():
-    "Compute with fglit's simulation CPU settings (as `run` does), restored afterwards: hand-run clients match `run`."
-    from fglit.core import cpu_compute
-    with cpu_compute():
+    """Compute with fglit's simulation thread count (as `run` does), restored afterwards: hand-run clients match `run`.
+    Denormal floats are not flushed here, though `run` flushes them (`cpu_compute`): hypothesis's float strategies refuse
+    to run on a CPU that flushes them, and these short runs make none."""
+    from fglit.core import cpu_threads
+    with cpu_threads():
         yield
 
 
@@ -79,3 +81,11 @@ def pytest_runtest_logreport(report):
         f.write(f"{report.outcome.upper()} {report.nodeid} [{report.when}] {report.duration:.1f}s\n")
         if report.failed:
             f.write(report.longreprtext[-4000:] + "\n---\n")
+
+
+@pytest.fixture(autouse=True)
+def _denormal_mode_restored():
+    "Every test leaves this thread's CPU as it found it, not flushing denormal floats to zero (hypothesis's float strategies, and users' code, rely on that)."
+    yield
+    from fglit.core import denormals_flushed
+    assert not denormals_flushed(), "this test left the CPU flushing denormal floats to zero (fglit.core.flush_denormals not undone)"
