@@ -58,7 +58,7 @@ def default_flush_denormal() -> bool:
 
 def denormals_flushed() -> bool:
     "Whether this thread's CPU now flushes denormal floats to zero (a denormal float32 times 0.5 comes out 0)."
-    return float(torch.full((1,), 1e-40) * 0.5) == 0.0
+    return float(torch.full((1,), 1e-40, dtype=torch.float32) * 0.5) == 0.0   # float32 whatever the default dtype
 
 @contextlib.contextmanager
 def flush_denormals(enabled: bool | None = None):
