@@ -23,8 +23,9 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import RowLog, run_stage, short_commit, stage_env  # noqa: E402
 
 STAGE = r'''
-import json, resource, sys, time
+import json, sys, time
 import torch
+from fglit.core import peak_rss_mb
 torch.set_num_threads(1)
 dataset, partition_name, k, rounds, epochs, engines, seed, eval_every = json.loads(sys.argv[1])
 from benchmarks._common import bench_dataset, device_name
@@ -41,7 +42,7 @@ for engine in engines:
     r = simulate(algo, parts.clients, "node", ds.num_features, ds.num_classes, cfg, seed=seed, progress=False)
     print(json.dumps(dict(engine=engine, device=device_name(), partition_s=partition_s, simulate_s=r.wall_time_s,
                           test_accuracy=float(r.per_round().test_accuracy.iloc[-1]),
-                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)), flush=True)
+                          peak_rss_mb=peak_rss_mb())), flush=True)
 '''
 
 FIELDS = ["date", "machine", "cpus", "load", "threads", "commit", "dataset", "partition", "clients", "rounds", "local_epochs", "eval_every",

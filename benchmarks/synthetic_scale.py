@@ -48,8 +48,9 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import RowLog, run_stage, short_commit, stage_env, stage_outcome  # noqa: E402
 
 STAGE = r'''
-import json, os, resource, sys, time
+import json, os, sys, time
 import torch
+from fglit.core import peak_rss_mb
 torch.set_num_threads(1)
 from fglit.synthetic import synthetic_graph
 n, m, clients, method, rounds, stage, path, part_file, eval_every, engines, opfgl_settings, stack_rows = json.loads(sys.argv[1])
@@ -101,7 +102,7 @@ if stage in ("partition", "fedavg", "opfgl", "edges"):
             r = run("fedavg", ds, p, rounds=rounds, local_epochs=1, progress=False,
                     settings={"eval_every": eval_every or rounds, "engine": engine, **({"stack_rows": rows} if rows is not None else {})})
             row = dict(out, engine=engine, stack_rows=rows, fedavg_s=time.perf_counter() - t, accuracy=float(r.summary()["accuracy_mean"]),
-                       device=device_name(), peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                       device=device_name(), peak_rss_mb=peak_rss_mb())
             if torch.cuda.is_initialized():
                 row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             print(json.dumps(row), flush=True)
@@ -121,13 +122,13 @@ if stage in ("partition", "fedavg", "opfgl", "edges"):
                        stack_rows=settings.get("stack_rows", OpFGLConfig().stack_rows) if engine == "stacked" else None,
                        **opfgl_parts(box["server"], box["logs"], engine),
                        accuracy=float(r.summary()["accuracy_mean"]), device=device_name(),
-                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                       peak_rss_mb=peak_rss_mb())
             if torch.cuda.is_initialized():
                 row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
             print(json.dumps(row), flush=True)
             del r, box
 if stage not in ("fedavg", "opfgl"):           # (those stages printed a row per engine)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(out))
 '''
 

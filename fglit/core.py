@@ -9,6 +9,7 @@ import contextlib
 import os
 import random
 import stat
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,9 +18,9 @@ import torch
 
 # %% auto #0
 __all__ = ['EXTRAS', 'tqdm', 'get_device', 'default_cpu_threads', 'cpu_threads', 'default_flush_denormal', 'denormals_flushed',
-           'flush_denormals', 'cpu_compute', 'seed_everything', 'reseed_torch', 'forked_seed', 'default_data_root',
-           'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import', 'require_installed', 'pyplot',
-           'load_entry_points']
+           'flush_denormals', 'cpu_compute', 'peak_rss_mb', 'seed_everything', 'reseed_torch', 'forked_seed',
+           'default_data_root', 'data_root', 'cache_dir', 'is_writable', 'sorted_unique', 'optional_import',
+           'require_installed', 'pyplot', 'load_entry_points']
 
 # %% ../nbs/00_core.ipynb #6df6e89f
 @lru_cache(maxsize=None)
@@ -78,6 +79,15 @@ def cpu_compute(threads: int | None = None):
     "The simulator's CPU settings for the block: `cpu_threads(threads)` and `flush_denormals()`."
     with cpu_threads(threads), flush_denormals():
         yield
+
+# %% ../nbs/00_core.ipynb #b1dd3a0f
+def peak_rss_mb() -> float | None:
+    "This process's peak resident memory so far, in MB (None where the platform has no `resource` module). In a forked copy, its own peak: the pages it shares with its parent count."
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)   # bytes on macOS, KB on Linux
 
 # %% ../nbs/00_core.ipynb #49841bcc
 def seed_everything(seed: int, deterministic: bool = False) -> None:

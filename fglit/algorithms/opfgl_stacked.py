@@ -8,7 +8,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import sys
 import time
 import traceback
 import warnings
@@ -19,12 +18,13 @@ from torch import Tensor
 
 from .opfgl import (OpFGLClient, SurrogateGraph, distillation_weights, focal_loss, row_log_softmax, surrogate_from_sums,
                                     surrogate_possible)
+from ..core import peak_rss_mb
 from ..federation import ConfigError, flat_state, load_flat_state
 from ..fl.loop import scores_in_client_order
 from ..fl.stacked import ClientStack, StackedClients, stack_budget, stack_chunks
 
 # %% auto #0
-__all__ = ['autograd_can_fork', 'stage2_loss', 'peak_rss_mb', 'node_counts', 'StackedOpFGL']
+__all__ = ['autograd_can_fork', 'stage2_loss', 'node_counts', 'StackedOpFGL']
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #55b955f2
 def _backward_and_exit() -> None:
@@ -70,14 +70,6 @@ def stage2_loss(flat: Tensor, read: Tensor, sup_at: Tensor, y_sup: Tensor, n_sup
     return _Stage2Loss.apply(flat, read, sup_at, y_sup, n_sup, t_p, t_logp, lam, size)
 
 # %% ../../nbs/20a_opfgl_stacked.ipynb #8d641de4
-def peak_rss_mb() -> float | None:
-    "This process's peak resident memory so far, in MB (None where the platform has no `resource` module). In a forked copy, its own peak: the pages it shares with its parent count."
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)   # bytes on macOS, KB on Linux
-
 def node_counts(data) -> list[int]:
     "Every client's node count, read off its data (not off the stack of every client, built only where one stack holds them all)."
     return [d.graph.num_nodes for d in data]
