@@ -4,6 +4,7 @@ per seed: the issue's target is <= 10 s per seed on 2 cores at the same accuracy
     .venv/bin/python benchmarks/opfgl_engines.py                 # seeds 0 1 2, sequential and stacked
     .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2   # and stacked with its stages in 2 processes
     .venv/bin/python benchmarks/opfgl_engines.py --stage-workers 1 2 --surrogate-kernels torch c   # and each with the surrogate graph in C
+    .venv/bin/python benchmarks/opfgl_engines.py --engines stacked --stage-workers 1 2 --surrogate-kernels c --stage-kernels torch c   # the stages in C too
     .venv/bin/python benchmarks/opfgl_engines.py --flush-denormal off on --out results/bench/denormals_ab.csv   # denormals kept / flushed
     .venv/bin/python benchmarks/opfgl_engines.py --seeds 0 --out /tmp/o.csv --set surrogate_iters=50 stage1_iters=50 finetune_iters=50
 
@@ -35,6 +36,9 @@ def main() -> int:
                     help="the stacked engine once per N: its two stages shared by N forked processes (O-pFGL's stage_workers)")
     ap.add_argument("--surrogate-kernels", nargs="+", default=["torch"], choices=["torch", "c"],
                     help="the stacked engine once per kernel of the surrogate graph (O-pFGL's surrogate_kernel; 'c' compiles a small C routine and runs on the CPU only: left out on CUDA)")
+    ap.add_argument("--stage-kernels", nargs="+", default=["torch"], choices=["torch", "c"],
+                    help="the stacked engine once per kernel of the two stages (O-pFGL's stage_kernel; 'c' compiles a small C routine "
+                         "for the CPU's 2-layer kipfgcn: where it does not cover the run, the torch path trains and the row says so)")
     ap.add_argument("--flush-denormal", nargs="+", default=["on"], choices=["on", "off"],
                     help="each run once per mode of the CPU's denormal floats (FGLIT_FLUSH_DENORMAL; 'on off' measures "
                          "both side by side, alternating within each seed)")
@@ -58,14 +62,17 @@ def main() -> int:
     if why and "c" in o.surrogate_kernels:
         print(f"surrogate kernel 'c' left out: {why}", file=sys.stderr)
         o.surrogate_kernels = [k for k in o.surrogate_kernels if k != "c"] or ["torch"]
+    if get_device().type != "cpu" and "c" in o.stage_kernels:
+        print(f"stage kernel 'c' left out: it runs on the CPU; this run is on {get_device().type}", file=sys.stderr)
+        o.stage_kernels = [k for k in o.stage_kernels if k != "c"] or ["torch"]
     for seed in o.seeds:
         part = partition(ds, o.partition, o.clients, seed=seed)
-        runs = [(e, w, k) for e in o.engines for k in (o.surrogate_kernels if e == "stacked" else ["torch"])
-                for w in (o.stage_workers if e == "stacked" else [1])]
-        for (engine, workers, kernel), flush in ((run, f) for run in runs for f in o.flush_denormal):
+        runs = [(e, w, k, sk) for e in o.engines for k in (o.surrogate_kernels if e == "stacked" else ["torch"])
+                for sk in (o.stage_kernels if e == "stacked" else ["torch"]) for w in (o.stage_workers if e == "stacked" else [1])]
+        for (engine, workers, kernel, stage_kernel), flush in ((run, f) for run in runs for f in o.flush_denormal):
             os.environ["FGLIT_FLUSH_DENORMAL"] = "1" if flush == "on" else "0"   # read by the loop's cpu_compute()
             config = make_config(algo.config, {**algo.defaults_for(ds.name, o.partition), **extra, "engine": engine,
-                                               "stage_workers": workers, "surrogate_kernel": kernel})
+                                               "stage_workers": workers, "surrogate_kernel": kernel, "stage_kernel": stage_kernel})
             box = {}
             t = time.perf_counter()
             r = simulate(algo, part.clients, ds.task, ds.num_features, ds.num_classes, config, seed=seed, progress=False,
@@ -74,6 +81,8 @@ def main() -> int:
                        cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, commit=git_commit()[:12],
                        dataset=ds.name, partition=o.partition, clients=o.clients, settings=" ".join(o.set), seed=seed, engine=engine, stage_workers=workers, device=device_name(),
                        flush_denormal=flush,
+                       # the kernel that trained the stages ('c' asked for where it does not cover the run trains with torch)
+                       stage_kernel=box["logs"][0].get("stage_kernel", "torch"),
                        simulate_s=time.perf_counter() - t,
                        # the kernel that built the graph ('c' asked for on a graph it does not cover is built, and written, as torch)
                        **opfgl_parts(box["server"], box["logs"], engine),

@@ -634,3 +634,83 @@ def test_surrogate_kernel_short_of_memory_returns_an_error_and_frees_what_it_too
     assert done.returncode == 0, done.stderr[-2000:]
     rcs, grew = done.stdout.split("rcs ")[1].split(" grew ")
     assert rcs == "[1, 1, 1]" and int(grew) < (1 << 20), done.stdout
+
+
+# ---------------------------------------------------------------- the two stages in C (stage_kernel='c', 20b)
+def _stage_logs(shared_root, **settings):
+    "O-pFGL on Cora (Louvain+, 4 clients, the quick schedules), stacked: its result and its clients' logs."
+    box = {}
+    r = run("opfgl", "Cora", "louvain+", 4, seeds=[0], settings={**QUICK, "engine": "stacked", **settings}, progress=False,
+            callback=lambda rnd, server, clients: box.update(logs=pd.DataFrame([dict(c.log) for c in clients])))
+    return r, box["logs"]
+
+
+def test_stage_kernel_c_needs_the_stacked_engine():
+    OpFGLConfig(stage_kernel="c", engine="stacked").validate()
+    with pytest.raises(ConfigError, match="stage_kernel='c'.*engine='stacked'"):
+        OpFGLConfig(stage_kernel="c").validate()
+
+
+@needs_cc
+def test_stage_kernel_c_follows_the_torch_path(shared_root, tmp_path, monkeypatch):
+    "The stages in C train the same clients as the torch path to float rounding: the same early stops or a check apart, validation and test accuracy within 2 points per client; the logs say which kernel trained."
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    (t, t_logs), (c, c_logs) = (_stage_logs(shared_root, stage_kernel=k) for k in ("torch", "c"))
+    assert t_logs.stage_kernel.eq("torch").all() and c_logs.stage_kernel.eq("c").all()
+    for col in ("stage1_iters", "stage2_iters"):
+        assert ((t_logs[col] - c_logs[col]).abs() <= QUICK["eval_interval"]).all(), col
+    for col in ("stage1_val", "stage2_val"):
+        assert ((t_logs[col] - c_logs[col]).abs() <= 0.02).all(), col
+    assert ((t.per_client().accuracy - c.per_client().accuracy).abs() <= 0.02).all()
+
+
+@needs_cc
+def test_stage_kernel_c_hands_what_it_does_not_cover_to_torch(shared_root, tmp_path, monkeypatch):
+    "Dropout is not the routine's: a warning says so, the torch path trains (the same run as asking for torch) and the logs say torch."
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    with pytest.warns(UserWarning, match="stage_kernel='c' does not cover this run"):
+        c, c_logs = _stage_logs(shared_root, stage_kernel="c", dropout=0.3)
+    t, t_logs = _stage_logs(shared_root, dropout=0.3)
+    assert c_logs.stage_kernel.eq("torch").all()
+    assert c.per_client().accuracy.tolist() == t.per_client().accuracy.tolist()
+
+
+@needs_cc
+def test_stage_kernel_steps_in_chunks_are_its_steps_one_by_one_and_leave_the_others_alone(shared_root, tmp_path, monkeypatch):
+    "n steps in one call are n calls of one step, bit for bit; a client outside `active` keeps its weights, moments and step count."
+    from fglit.algorithms.opfgl_kernel import StageKernel
+    from fglit.algorithms.opfgl_stacked import StackedOpFGL
+    from fglit.data import load_dataset
+    from fglit.fl.local_data import clients_data
+    from fglit.fl.protocol import ModelSpec
+    from fglit.partition import partition
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    cora = load_dataset("Cora", root=shared_root)
+    cfg = make_config(OpFGLConfig, {"engine": "stacked"})
+    spec = ModelSpec("kipfgcn", cora.num_features, cora.num_classes, "node", cfg.hidden, cfg.layers, 0.0)
+    data = clients_data(partition(cora, "louvain+", 4, seed=0).clients, "node")
+    runs = [(torch.manual_seed(0), StackedOpFGL(data, cfg, spec, None))[1] for _ in range(2)]
+    active = torch.tensor([True, False, True, True])
+    kernels = []
+    for r in runs:
+        r.params.reset_optimizer(1e-3)
+        train = r.stack.masks["train"]
+        ce = torch.zeros(train.numel()); ce[train] = 1.0 / r.stack.num_train[r.stack.client[train]].float()
+        kernels.append(StageKernel(r.params, r.stack, ce))
+    before = runs[0].params.flat().clone()
+    kernels[0].steps(active, 7)
+    for _ in range(7): kernels[1].steps(active, 1)
+    a, b = runs[0].params, runs[1].params
+    assert torch.equal(a.flat(), b.flat()) and all(torch.equal(x, y) for x, y in zip(a.m + a.v, b.m + b.v))
+    assert a.steps.tolist() == b.steps.tolist() == [7, 0, 7, 7]
+    assert torch.equal(a.flat()[1], before[1]) and not torch.equal(a.flat()[0], before[0])
+    assert all(float(m[1].abs().max()) == 0.0 for m in a.m + a.v)
+
+
+def test_stage_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
+    import fglit.algorithms.opfgl_kernel as K
+    monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(K, "_STAGE_LIB", None)
+    monkeypatch.setattr(K.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match="stage_kernel='c' compiles a small C routine and needs a C compiler"):
+        K.load_stage_kernel()

@@ -83,6 +83,21 @@ def test_opfgl_engines_benchmark_writes_the_kernel_that_built_the_graph(tmp_path
     assert pd.read_csv(out).surrogate_kernel.tolist() == ["torch"]
 
 
+def test_opfgl_engines_benchmark_writes_the_kernel_that_trained_the_stages(tmp_path):
+    "--stage-kernels torch c: one row each, and each row names the kernel its stages ran in (read off the clients' logs)."
+    import shutil
+    if not (shutil.which("cc") or shutil.which("gcc")): pytest.skip("stage_kernel='c' needs a C compiler")
+    out = tmp_path / "opfgl.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "opfgl_engines.py"), "--seeds", "0", "--out", str(out),
+                           "--engines", "stacked", "--stage-workers", "2", "--stage-kernels", "torch", "c",
+                           "--set", "surrogate_iters=20", "stage1_iters=40", "finetune_iters=40", "eval_interval=20"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "FGLIT_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows[["stage_workers", "stage_kernel"]].values.tolist() == [[2, "torch"], [2, "c"]]
+    assert (rows[["stage1_s", "stage2_s"]] > 0).all().all() and rows.accuracy.between(0, 1).all()
+
+
 @pytest.mark.parametrize("privacy", [{"secure_aggregation": True}, {"dp_noise": 0.5, "dp_clip": 1.0, "dp_seeded_noise": True}])
 def test_the_uplink_works_the_same_on_the_stacked_engine(privacy):
     "Each client still seals its own reply: secure aggregation and (seeded) DP noise give the sequential engine's results."

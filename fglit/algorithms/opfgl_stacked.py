@@ -100,7 +100,17 @@ class StackedOpFGL(StackedClients):
         n = torch.bincount(s.client[s.masks["val"]], minlength=self.params.K)
         return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
 
-    def train_stage(self, make_loss, lr: float, iters: int, active: Tensor) -> Tensor:
+    def stage_kernel(self, make_kernel) -> "StageKernel | None":
+        "The C routine for a stage (`make_kernel()`, 20b) where `stage_kernel='c'` asks for it and covers the run; else None (the torch path), with a warning saying why when it was asked for."
+        if self.config.stage_kernel != "c" or make_kernel is None: return None
+        from .opfgl_kernel import check_stage_kernel_setting
+        why = check_stage_kernel_setting(self.config, self.spec, self.stack.x.device)
+        if why:
+            warnings.warn(f"stage_kernel='c' does not cover this run ({why}): the torch path trains the stages", stacklevel=3)
+            return None
+        return make_kernel()
+
+    def train_stage(self, make_loss, lr: float, iters: int, active: Tensor, make_kernel=None) -> Tensor:
         "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of every client in the current `self.stack` as a function of nothing (`self.running`: their indices among all clients, None while all are there), so it can fix which rows it reads once per stack. A client outside `active` gets its starting weights back."
         c, K = self.config, self.params.K
         strict = c.early_stopping == "strict"
@@ -126,15 +136,20 @@ class StackedOpFGL(StackedClients):
             local = who[here].nonzero().squeeze(1)
             state[here[local].to(state.device)] = self.params.flat()[local.to(state.device)]; has_state[who] = True
 
-        loss_fn, n_running, last = make_loss(), int(running.sum()), 0
-        for it in range(1, iters + 1):
-            if n_running == 0: break
-            if n_running < len(here):                       # some stopped (or never trained): go on without them
-                here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
-                loss_fn = make_loss()
-            self.params.zero_grad()
-            loss_fn().backward()
-            self.params.step()                               # every client of the stack trains
+        kernel = self.stage_kernel(make_kernel)
+        loss_fn, n_running, last, it = make_loss() if kernel is None else None, int(running.sum()), 0, 0
+        while it < iters and n_running > 0:
+            if kernel is not None:                           # the C routine: the running clients' steps up to the next check
+                n = min(c.eval_interval - it % c.eval_interval, iters - it)
+                kernel.steps(running, n); it += n
+            else:
+                it += 1
+                if n_running < len(here):                   # some stopped (or never trained): go on without them
+                    here = self._narrow(full_params, full_stack, running.nonzero().squeeze(1))
+                    loss_fn = make_loss()
+                self.params.zero_grad()
+                loss_fn().backward()
+                self.params.step()                           # every client of the stack trains
             last = it
             if it % c.eval_interval == 0:
                 who = running.clone()
@@ -173,7 +188,11 @@ class StackedOpFGL(StackedClients):
                 _, logits = self.forward(stack=surrogate)
                 return (F.cross_entropy(logits.reshape(-1, logits.size(-1)), y, reduction="none") / per_row).sum()
             return loss
-        its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active)
+        def make_kernel():                             # the same problem for the C routine: each row's CE weight 1/n'
+            from .opfgl_kernel import StageKernel
+            surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
+            return StageKernel(self.params, surrogate, 1.0 / surrogate.num_train[surrogate.client].to(graph.x.dtype))
+        its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active, make_kernel)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in active.nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage1_iters=int(its[k]), stage1_val=float(val[k]), stage1_s=took)
@@ -230,7 +249,14 @@ class StackedOpFGL(StackedClients):
                 kl = (t_p_k * (t_logp_k - logp)).sum(-1)
                 return total + (lam_k * kl / size_k).sum()
             return loss
-        its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active)
+        def make_kernel():                             # the C routine's row weights: CE 1/|V_train| on training rows, lambda/n on real ones
+            from .opfgl_kernel import StageKernel
+            train = s.masks["train"]
+            ce = torch.zeros(K * s.n_max, device=s.x.device); ce[train] = 1.0 / s.num_train[s.client[train]].to(ce.dtype)
+            if mode == "none": return StageKernel(self.params, s, ce)
+            kl = torch.zeros_like(ce); kl[s.rows] = lam[s.rows] / s.sizes[s.client[s.rows]].to(ce.dtype)
+            return StageKernel(self.params, s, ce, kl, teacher_logp.exp())
+        its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active, make_kernel)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in (active | idle).nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage2_val=float(val[k]), stage2_s=took if active[k] else 0.0,
@@ -269,7 +295,8 @@ class StackedOpFGL(StackedClients):
     def _stages_here(self, graph: SurrogateGraph | None, process: int, stack: int) -> None:
         "Stages 1 and 2 of every client of this stack."
         active = torch.ones(self.params.K, dtype=torch.bool)
-        for client in self.clients: client.log.update(stage_process=process, stage_stack=stack)
+        kernel = "c" if self.config.stage_kernel == "c" and self.stage_kernel(lambda: True) else "torch"
+        for client in self.clients: client.log.update(stage_process=process, stage_stack=stack, stage_kernel=kernel)
         if graph is None:
             for client in self.clients: client.log.update(surrogate="none")
             self.stage2(active, distill=False)
