@@ -331,7 +331,7 @@ void stage_step(int K, int n_max, int d, int h, int C,
                 float *W0, float *b0, float *W1, float *b1, float *mW0, float *mb0, float *mW1, float *mb1,
                 float *vW0, float *vb0, float *vW1, float *vb1, float lr, float beta1, float beta2, float wd, float eps,
                 float *Z, float *H1, float *H, float *dH, float *dH1, float *dW0, uint8_t *touched, float *gW1, float *gb1, float *gb0) {
-    float zero[h], p[C], dl[C];
+    float zero[h], p[C];
     for (int j = 0; j < h; j++) zero[j] = 0.f;
     for (int k = 0; k < K; k++) {
         if (!active[k]) continue;
@@ -360,13 +360,15 @@ void stage_step(int K, int n_max, int d, int h, int C,
             float *dh = dH + (long)r * h;
             for (int j = 0; j < h; j++) dh[j] = 0.f;
             if (wce == 0.f && wkl == 0.f) continue;
-            float mx = -INFINITY, s = 0.f;
+            float s = 0.f;
             for (int c = 0; c < C; c++) {
                 float l = b1k[c];
                 const float *wc = W1k + (long)c * h;
                 for (int j = 0; j < h; j++) l += hr[j] * wc[j];
-                p[c] = l; if (l > mx) mx = l;
+                p[c] = l;
             }
+            float mx = p[0];                         /* (no infinities: -ffast-math assumes none) */
+            for (int c = 1; c < C; c++) if (p[c] > mx) mx = p[c];
             for (int c = 0; c < C; c++) { p[c] = expf(p[c] - mx); s += p[c]; }
             float tsum = 0.f;
             if (wkl != 0.f) for (int c = 0; c < C; c++) tsum += t_p[R * C + c];
@@ -374,7 +376,7 @@ void stage_step(int K, int n_max, int d, int h, int C,
                 p[c] /= s;
                 float g = wce * (p[c] - (c == y[R] ? 1.f : 0.f));
                 if (wkl != 0.f) g += wkl * (p[c] * tsum - t_p[R * C + c]);
-                dl[c] = g; gb1[c] += g;
+                gb1[c] += g;
                 float *gw = gW1 + (long)c * h;
                 const float *wc = W1k + (long)c * h;
                 for (int j = 0; j < h; j++) { gw[j] += g * hr[j]; dh[j] += g * wc[j]; }
