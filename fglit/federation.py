@@ -13,7 +13,7 @@ from .models import build_model
 from .fl.messages import Message, decode_message, encode_message, message_floats, message_nbytes
 from .fl.config import ConfigError, FedConfig, is_setting, make_config, setting_names
 from .fl.local_data import SPLITS, Batch, LocalData, PackedGraphs
-from .fl.protocol import (Client, ClientInfo, ModelSpec, Server, check_setup, class_sums, client_spec, flat_state,
+from .fl.protocol import (Client, ClientInfo, ModelSpec, Server, adam_steps, check_setup, class_sums, client_spec, flat_state,
                                fused_optimizer, load_flat_state, make_optimizer, mlp_spec, weighted_mean)
 from .fl.registry import ALGORITHM_MODULES, ALGORITHMS, Algorithm, get_algorithm, load_algorithms, register_algorithm
 from .fl.results import RunResult, SeedRun, git_commit

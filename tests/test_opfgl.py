@@ -714,3 +714,23 @@ def test_stage_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(K.shutil, "which", lambda name: None)
     with pytest.raises(ConfigError, match="stage_kernel='c' compiles a small C routine and needs a C compiler"):
         K.load_stage_kernel()
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 70)), min_size=1, max_size=3), lr=st.sampled_from([1e-3, 5e-3, 0.05]),
+       wd=st.sampled_from([0.0, 5e-4]), steps=st.integers(1, 12), seed=st.integers(0, 10_000))
+def test_step_adam_is_torchs_fused_adam_bit_for_bit(shapes, lr, wd, steps, seed):
+    "StepAdam (the surrogate graph's optimizer on the CPU) gives torch.optim.Adam(fused=True)'s weights and moments bit for bit, step after step."
+    from fglit.fl.protocol import StepAdam
+    g = torch.Generator().manual_seed(seed)
+    mine = [torch.randn(*s, generator=g).requires_grad_() for s in shapes]
+    theirs = [p.detach().clone().requires_grad_() for p in mine]
+    a, b = StepAdam(mine, lr, weight_decay=wd), torch.optim.Adam(theirs, lr=lr, weight_decay=wd, fused=True)
+    for _ in range(steps):
+        for p, q in zip(mine, theirs):
+            p.grad = torch.randn(p.shape, generator=g) * 10 ** float(torch.randint(-6, 1, (1,), generator=g))
+            q.grad = p.grad.clone()
+        a.step(); b.step()
+    for i, (p, q) in enumerate(zip(mine, theirs)):
+        assert torch.equal(p, q)
+        assert torch.equal(a.exp_avg[i], b.state[q]["exp_avg"]) and torch.equal(a.exp_avg_sq[i], b.state[q]["exp_avg_sq"])

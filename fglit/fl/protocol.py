@@ -24,7 +24,8 @@ from .local_data import Batch, LocalData
 
 # %% auto #0
 __all__ = ['flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec', 'mlp_spec', 'client_spec',
-           'fused_optimizer', 'make_optimizer', 'Client', 'check_setup', 'ClientInfo', 'Server']
+           'fused_optimizer', 'fused_adam_works', 'StepAdam', 'adam_steps', 'make_optimizer', 'Client', 'check_setup',
+           'ClientInfo', 'Server']
 
 # %% ../../nbs/fl/03_protocol.ipynb #0072fa3e
 def flat_state(model: nn.Module) -> Tensor:
@@ -110,6 +111,39 @@ def fused_optimizer(kind: type[torch.optim.Optimizer], params, **hyper) -> torch
         return kind(params, **hyper, fused=True)
     except (RuntimeError, ValueError):   # a device or dtype without a fused kernel
         return kind(params, **hyper)
+
+def fused_adam_works(device, dtype) -> bool:
+    "Whether torch's fused Adam kernel runs on this device and dtype."
+    try:
+        p, g = torch.zeros(2, device=device, dtype=dtype), torch.ones(2, device=device, dtype=dtype)
+        torch._fused_adam_([p], [g], [torch.zeros_like(p)], [torch.zeros_like(p)], [], [torch.tensor(1.0, device=device)],
+                           lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        return True
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+class StepAdam:
+    "Adam as `torch.optim.Adam(fused=True)` steps it, on a fixed list of tensors: the same kernel (`torch._fused_adam_`) with the same arguments and step counts, without the optimizer's per-step bookkeeping, which costs a loop of many small steps (O-pFGL's 3000-step surrogate graph) more than the kernel does (the same numbers bit for bit: `tests/test_opfgl.py`)."
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        self.params, self.lr, self.betas, self.eps, self.weight_decay = list(params), lr, betas, eps, weight_decay
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.state_steps = [torch.tensor(0.0) for _ in self.params]         # float32 counters, as torch's fused Adam keeps them
+
+    @torch.no_grad()
+    def step(self) -> None:
+        "One step of every parameter (each must have its `.grad`)."
+        torch._foreach_add_(self.state_steps, 1)
+        torch._fused_adam_([p.detach() for p in self.params], [p.grad for p in self.params], self.exp_avg, self.exp_avg_sq, [],
+                           self.state_steps, lr=self.lr, beta1=self.betas[0], beta2=self.betas[1], weight_decay=self.weight_decay,
+                           eps=self.eps, amsgrad=False, maximize=False)
+
+def adam_steps(params, lr: float):
+    "`StepAdam` where torch's fused CPU kernel runs (every tensor on the CPU, float32), else `torch.optim.Adam` (`fused_optimizer`)."
+    params = list(params)
+    if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params) and fused_adam_works(torch.device("cpu"), torch.float32):
+        return StepAdam(params, lr)
+    return fused_optimizer(torch.optim.Adam, params, lr=lr)
 
 def make_optimizer(model: nn.Module, config: FedConfig, lr: float | None = None) -> torch.optim.Optimizer:
     "The local optimizer: Adam or SGD (`config.optimizer`), fused where the device allows (`fused_optimizer`); `lr` overrides `config.lr`."

@@ -18,7 +18,7 @@ from .config import ConfigError, make_config
 from .local_data import LocalData, SPLITS
 from .loop import score_rows, scores_in_client_order, simulate, stack_chunks, stacked_algorithms, stacked_form
 from .messages import Message
-from .protocol import ModelSpec, flat_state
+from .protocol import ModelSpec, flat_state, fused_adam_works
 
 # %% auto #0
 __all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_budget',
@@ -167,16 +167,6 @@ def require_stackable(spec: ModelSpec) -> None:
     if reason: raise ConfigError(reason)
 
 
-def _fused_adam_works(device, dtype) -> bool:
-    "Whether torch's fused Adam kernel runs on this device and dtype."
-    try:
-        p, g = torch.zeros(2, device=device, dtype=dtype), torch.ones(2, device=device, dtype=dtype)
-        torch._fused_adam_([p], [g], [torch.zeros_like(p)], [torch.zeros_like(p)], [], [torch.tensor(1.0, device=device)],
-                           lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
-        return True
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return False
-
 _ADAM_CHUNK = 64        # floats: a whole number of any CPU vector width (AVX-512 holds 16)
 
 class StackedParams:
@@ -192,7 +182,7 @@ class StackedParams:
         self.m = [torch.zeros_like(t) for t in self.tensors]
         self.v = [torch.zeros_like(t) for t in self.tensors] if self.kind == "adam" else []
         self.steps = torch.zeros(self.K, dtype=torch.long, device=flat.device)
-        self._fused = self.kind == "adam" and _fused_adam_works(flat.device, flat.dtype)   # the kernel the sequential clients' Adam runs
+        self._fused = self.kind == "adam" and fused_adam_works(flat.device, flat.dtype)   # the kernel the sequential clients' Adam runs
         # the kernel takes a tensor in vector-wide chunks and its last few elements one by one, and the two paths can round
         # differently: a parameter whose per-client size is not a whole number of chunks goes in client by client, so each
         # client's values take the path they take in the client's own model, whatever the stack
