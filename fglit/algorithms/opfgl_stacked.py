@@ -100,18 +100,18 @@ class StackedOpFGL(StackedClients):
         n = torch.bincount(s.client[s.masks["val"]], minlength=self.params.K)
         return torch.where(n > 0, torch.bincount(s.client[hit], minlength=self.params.K) / n.clamp(min=1), torch.zeros(()))
 
-    def stage_kernel(self, make_kernel) -> "StageKernel | None":
-        "The C routine for a stage (`make_kernel()`, 20b) where `stage_kernel='c'` asks for it and covers the run; else None (the torch path), with a warning saying why when it was asked for."
-        if self.config.stage_kernel != "c" or make_kernel is None: return None
+    use_stage_kernel = False                 # set per stack by `_stages_here`: 20b's C routine trains its two stages
+
+    def stage_kernel_covers(self) -> bool:
+        "Whether `stage_kernel='c'` asks for 20b's C routine and it covers this run; where it was asked for and does not, a warning says why (the torch path trains)."
+        if self.config.stage_kernel != "c": return False
         from .opfgl_kernel import check_stage_kernel_setting
         why = check_stage_kernel_setting(self.config, self.spec, self.stack.x.device)
-        if why:
-            warnings.warn(f"stage_kernel='c' does not cover this run ({why}): the torch path trains the stages", stacklevel=3)
-            return None
-        return make_kernel()
+        if why: warnings.warn(f"stage_kernel='c' does not cover this run ({why}): the torch path trains the stages", stacklevel=2)
+        return not why
 
     def train_stage(self, make_loss, lr: float, iters: int, active: Tensor, make_kernel=None) -> Tensor:
-        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of every client in the current `self.stack` as a function of nothing (`self.running`: their indices among all clients, None while all are there), so it can fix which rows it reads once per stack. A client outside `active` gets its starting weights back."
+        "`OpFGLClient._train` for every `active` client at once: Adam from fresh state, a validation check every `eval_interval` steps, each client stopping after `patience` checks without progress and getting its best weights back; the iterations each ran. Only the running clients train: when some stop, the others go on as a stack of their own (`_narrow`), so a step costs what the clients still training cost. `make_loss()` gives the loss of every client in the current `self.stack` as a function of nothing (`self.running`: their indices among all clients, None while all are there), so it can fix which rows it reads once per stack. `make_kernel` (given where `use_stage_kernel`) builds 20b's `StageKernel` instead, which trains the running clients up to each check in one call (no narrowing: it skips the others). A client outside `active` gets its starting weights back."
         c, K = self.config, self.params.K
         strict = c.early_stopping == "strict"
         self.params.reset_optimizer(lr)
@@ -136,7 +136,7 @@ class StackedOpFGL(StackedClients):
             local = who[here].nonzero().squeeze(1)
             state[here[local].to(state.device)] = self.params.flat()[local.to(state.device)]; has_state[who] = True
 
-        kernel = self.stage_kernel(make_kernel)
+        kernel = make_kernel() if make_kernel is not None else None
         loss_fn, n_running, last, it = make_loss() if kernel is None else None, int(running.sum()), 0, 0
         while it < iters and n_running > 0:
             if kernel is not None:                           # the C routine: the running clients' steps up to the next check
@@ -192,7 +192,8 @@ class StackedOpFGL(StackedClients):
             from .opfgl_kernel import StageKernel
             surrogate = ClientStack.replicate(graph.x, graph.edge_index, graph.y, self.params.K, graph.edge_weight)
             return StageKernel(self.params, surrogate, 1.0 / surrogate.num_train[surrogate.client].to(graph.x.dtype))
-        its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active, make_kernel)
+        its = self.train_stage(make_loss, self.config.stage1_lr, self.config.stage1_iters, active,
+                               make_kernel if self.use_stage_kernel else None)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in active.nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage1_iters=int(its[k]), stage1_val=float(val[k]), stage1_s=took)
@@ -256,7 +257,8 @@ class StackedOpFGL(StackedClients):
             if mode == "none": return StageKernel(self.params, s, ce)
             kl = torch.zeros_like(ce); kl[s.rows] = lam[s.rows] / s.sizes[s.client[s.rows]].to(ce.dtype)
             return StageKernel(self.params, s, ce, kl, teacher_logp.exp())
-        its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active, make_kernel)
+        its = self.train_stage(make_loss, c.finetune_lr if distill else c.lr, c.finetune_iters, active,
+                               make_kernel if self.use_stage_kernel else None)
         val, took = self.val_accuracy(), time.perf_counter() - t0
         for k in (active | idle).nonzero().squeeze(1).tolist():
             self.clients[k].log.update(stage2_val=float(val[k]), stage2_s=took if active[k] else 0.0,
@@ -295,8 +297,9 @@ class StackedOpFGL(StackedClients):
     def _stages_here(self, graph: SurrogateGraph | None, process: int, stack: int) -> None:
         "Stages 1 and 2 of every client of this stack."
         active = torch.ones(self.params.K, dtype=torch.bool)
-        kernel = "c" if self.config.stage_kernel == "c" and self.stage_kernel(lambda: True) else "torch"
-        for client in self.clients: client.log.update(stage_process=process, stage_stack=stack, stage_kernel=kernel)
+        self.use_stage_kernel = self.stage_kernel_covers()
+        for client in self.clients:
+            client.log.update(stage_process=process, stage_stack=stack, stage_kernel="c" if self.use_stage_kernel else "torch")
         if graph is None:
             for client in self.clients: client.log.update(surrogate="none")
             self.stage2(active, distill=False)
