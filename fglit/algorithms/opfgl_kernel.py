@@ -293,7 +293,7 @@ def check_kernel_setting(config, one_each: bool, device: torch.device) -> str:
 STAGE_SOURCE = r"""#include <math.h>
 #include <string.h>
 #include <stdint.h>
-/* One Adam step of O-pFGL's stage loss for every active client of a stack, each on its own block of rows: a 2-layer
+/* n_steps Adam steps of O-pFGL's stage loss for every active client of a stack, each on its own block of rows: a 2-layer
    Kipf GCN (logits = A relu(A X W0 + b0) W1^T + b1; A the stack's normalised adjacency, X its features, both CSR),
    the loss sum_r ce_w[r] CE(logits_r, y_r) + kl_w[r] KL(t_p[r] || softmax(logits_r)), its gradient in closed form,
    and Adam with L2 weight decay (torch.optim.Adam's maths) on W0 [d,h], b0 [h], W1 [C,h], b1 [C] in place. */
