@@ -55,15 +55,15 @@ def main() -> int:
     from fglit.cli import parse_settings          # the CLI's --set: numbers and booleans typed
     extra = parse_settings(o.set)
     from fglit.core import get_device
-    from fglit.algorithms.opfgl_kernel import check_kernel_setting
+    from fglit.algorithms.opfgl_kernel import check_kernel_setting, device_reason
     algo, ds = get_algorithm("opfgl"), load_dataset(o.dataset)
     # what holds for every graph of this run (device, hops): where the C routine cannot run, a 'c' run would be a torch one
     why = check_kernel_setting(make_config(algo.config, {**algo.defaults_for(ds.name, o.partition), **extra}), True, get_device())
     if why and "c" in o.surrogate_kernels:
         print(f"surrogate kernel 'c' left out: {why}", file=sys.stderr)
         o.surrogate_kernels = [k for k in o.surrogate_kernels if k != "c"] or ["torch"]
-    if get_device().type != "cpu" and "c" in o.stage_kernels:
-        print(f"stage kernel 'c' left out: it runs on the CPU; this run is on {get_device().type}", file=sys.stderr)
+    if device_reason(get_device()) and "c" in o.stage_kernels:      # (the stages' other limits: the row says what trained)
+        print(f"stage kernel 'c' left out: {device_reason(get_device())}", file=sys.stderr)
         o.stage_kernels = [k for k in o.stage_kernels if k != "c"] or ["torch"]
     for seed in o.seeds:
         part = partition(ds, o.partition, o.clients, seed=seed)

@@ -22,7 +22,7 @@ from ..federation import ConfigError
 
 # %% auto #0
 __all__ = ['SOURCE', 'COMPILE_FLAGS', 'STAGE_SOURCE', 'STAGE_PARAMS', 'build_library', 'load_kernel', 'SurrogateKernel',
-           'check_kernel_setting', 'load_stage_kernel', 'StageKernel', 'check_stage_kernel_setting']
+           'device_reason', 'check_kernel_setting', 'load_stage_kernel', 'StageKernel', 'check_stage_kernel_setting']
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #4aed1a6a
 SOURCE = r"""#include <math.h>
@@ -282,9 +282,13 @@ class SurrogateKernel:
 
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #60e69325
+def device_reason(device: torch.device) -> str:
+    "Why a C routine of this notebook cannot run on `device` ('' on the CPU, where they all run)."
+    return "" if device.type == "cpu" else f"it runs on the CPU; this run is on {device.type}"
+
 def check_kernel_setting(config, one_each: bool, device: torch.device) -> str:
     "Why the C routine cannot run this surrogate graph ('' when it can)."
-    if device.type != "cpu": return f"it runs on the CPU; this run is on {device.type}"
+    if device_reason(device): return device_reason(device)
     if config.hops != 1: return f"it covers hops=1; this run has hops={config.hops}"
     if not one_each: return "it covers one surrogate node per class, every class present"
     return ""
@@ -464,7 +468,7 @@ class StageKernel:
 
 def check_stage_kernel_setting(config, spec, device: torch.device) -> str:
     "Why the stages' C routine cannot train these clients ('' when it can)."
-    if device.type != "cpu": return f"it runs on the CPU; this run is on {device.type}"
+    if device_reason(device): return device_reason(device)
     if spec.name != "kipfgcn" or spec.layers != 2 or spec.options: return f"it covers the 2-layer kipfgcn; this run has {spec.layers}-layer {spec.name}"
     if spec.dropout or config.dropout: return f"it covers dropout 0; this run has {config.dropout}"
     if config.optimizer != "adam": return f"it covers Adam; this run has {config.optimizer}"
