@@ -2,6 +2,11 @@
 
     python benchmarks/startup.py                                          # this checkout only
     python benchmarks/startup.py --baseline-python-path /path/to/other/checkout --baseline-label main
+    python benchmarks/startup.py --commands run --label deferred --baseline-python-path ../eager --baseline-label eager
+
+`--commands run` times one round of the FedAvg run `fedavg_vs_openfgl.py` times whole instead (stacked engine, Cora,
+10 Louvain clients): imports, the dataset and partition from fglit's cache (which the untimed warm-up run fills), one
+round and the printed tables; needs FGLIT_DATA.
 
 Each command runs as a subprocess (`python -c` doing what the console script does: `from fglit.cli import main`),
 with `PYTHONPATH` set to the checkout, `--reps` times; the runs of the checkouts alternate, so a change in the
@@ -27,10 +32,15 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import short_commit  # noqa: E402
 
 COMMANDS = {"fglit --help": ["--help"], "fglit run --help": ["run", "--help"], "fglit --version": ["--version"]}
-HEAVY = ("torch", "torch_geometric", "pandas", "numpy", "scipy", "sklearn", "networkx", "flwr", "matplotlib")
+RUN_COMMANDS = {"fglit run fedavg (Cora, stacked, 1 round)": [   # benchmarks/fedavg_vs_openfgl.py's command, one round
+    "run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "10", "--rounds", "1", "--local-epochs", "3",
+    "--model", "kipfgcn", "--seeds", "0", "--quiet", "--set", "engine=stacked", "mode=pack", "auc=False"]}
+COMMAND_SETS = {"help": COMMANDS, "run": RUN_COMMANDS}
+HEAVY = ("torch", "torch._dynamo", "torch_geometric", "pandas", "numpy", "scipy", "sklearn", "networkx", "flwr", "matplotlib")
 MAIN = "import sys\nfrom fglit.cli import main\nsys.argv[0] = 'fglit'\nsys.exit(main())\n"
 PROBE = ("import atexit, json, sys\n"
-         "atexit.register(lambda: sys.stderr.write('\\nHEAVY ' + json.dumps([m for m in json.loads(sys.argv.pop(1)) if m in sys.modules]) + '\\n'))\n"
+         "heavy = json.loads(sys.argv.pop(1))\n"       # before main() parses sys.argv
+         "atexit.register(lambda: sys.stderr.write('\\nHEAVY ' + json.dumps([m for m in heavy if m in sys.modules and type(sys.modules[m]).__name__ != 'DeferredModule']) + '\\n'))\n"
          + MAIN)
 
 
@@ -68,14 +78,18 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-python-path", type=Path, help="another checkout (its root goes on PYTHONPATH) measured alongside")
     ap.add_argument("--baseline-label", default="baseline")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "startup.csv")
+    ap.add_argument("--commands", choices=sorted(COMMAND_SETS), default="help",
+                    help="help: --help, run --help, --version (default); run: a one-round FedAvg run on Cora")
     args = ap.parse_args(argv)
+    commands = COMMAND_SETS[args.commands]
     checkouts = [(args.label, REPO)] + ([(args.baseline_label, args.baseline_python_path.resolve())] if args.baseline_python_path else [])
     load_before = os.getloadavg()
-    times = {(label, cmd): [] for label, _ in checkouts for cmd in COMMANDS}
-    for label, path in checkouts:                        # one untimed warm-up each (the file cache)
-        time_once(args.python, path, COMMANDS["fglit --version"])
+    times = {(label, cmd): [] for label, _ in checkouts for cmd in commands}
+    for label, path in checkouts:                        # one untimed warm-up each (the file cache; a run's dataset and partition)
+        for cmd_args in ([COMMANDS["fglit --version"]] if commands is COMMANDS else commands.values()):
+            time_once(args.python, path, cmd_args)
     for _ in range(args.reps):
-        for cmd, cmd_args in COMMANDS.items():
+        for cmd, cmd_args in commands.items():
             for label, path in checkouts:                # alternating: load changes fall on both checkouts
                 times[label, cmd].append(time_once(args.python, path, cmd_args))
     load_after = os.getloadavg()
@@ -86,7 +100,7 @@ def main(argv=None) -> int:
     rows = []
     for label, path in checkouts:
         commit = short_commit(path) or "unknown"
-        for cmd, cmd_args in COMMANDS.items():
+        for cmd, cmd_args in commands.items():
             t = times[label, cmd]
             rows.append(dict(checkout=label, commit=commit, command=cmd, reps=len(t), median_s=round(statistics.median(t), 3),
                              min_s=round(min(t), 3), max_s=round(max(t), 3),

@@ -548,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `fglit` console script; returns the exit status."
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)          # --help and --version end here, before any torch import
+    from fglit.startup import defer_unused_imports
+    defer_unused_imports()                          # torch, then torch._dynamo deferred (06b_startup)
     args.given_flags = {t.split("=")[0] for t in (sys.argv[1:] if argv is None else argv) if t.startswith("--")}
     try:
         return args.func(args)

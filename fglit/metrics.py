@@ -11,7 +11,8 @@ import torch
 
 # %% auto #0
 __all__ = ['WEIGHTINGS', 'SELECTIONS', 'grouped_roc_auc', 'roc_auc', 'confusion_matrix', 'f1_per_class', 'classification_scores',
-           'grouped_scores', 'client_average', 'mean_std', 'format_mean_std', 'selection_used', 'select_round']
+           'grouped_scores', 'client_average', 'client_averages', 'mean_std', 'format_mean_std', 'selection_used',
+           'select_round']
 
 # %% ../nbs/04_metrics.ipynb #1309dc47
 def _group_score_order(g: torch.Tensor, s: torch.Tensor, narrow: torch.Tensor) -> torch.Tensor:
@@ -129,6 +130,21 @@ def client_average(values, counts, weighting: str = "nodes") -> float:
     if not keep.any():
         return float("nan")
     return float(np.average(v[keep], weights=c[keep] if weighting == "nodes" else None))
+
+def client_averages(frame: pd.DataFrame, by: list[str], columns, weighting: str = "nodes", counts: str = "n") -> pd.DataFrame:
+    "`client_average` of each of `columns` within every group of `frame`'s rows by `by`, as two grouped sums (a table indexed by `by`, groups sorted)."
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    c = frame[counts].to_numpy(dtype=float)
+    weighted, weights = {}, {}
+    for col in columns:
+        v = frame[col].to_numpy(dtype=float)
+        keep = (c > 0) & ~np.isnan(v)
+        weights[col] = np.where(keep, c if weighting == "nodes" else 1.0, 0.0)
+        weighted[col] = np.where(keep, v * weights[col], 0.0)
+    total = lambda d: pd.DataFrame(d, index=frame.index).groupby([frame[k] for k in by], sort=True).sum()
+    den = total(weights)
+    return (total(weighted) / den).where(den > 0)
 
 def mean_std(values) -> tuple[float, float]:
     "Mean and (population) standard deviation over seeds, ignoring NaNs."

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from sklearn.metrics import accuracy_score, f1_score
 
-from fglit.metrics import classification_scores, client_average, mean_std, select_round
+from fglit.metrics import classification_scores, client_average, client_averages, mean_std, select_round
 
 
 @settings(max_examples=100, deadline=None)
@@ -32,6 +32,25 @@ def test_client_average_and_mean_std():
     with pytest.raises(ValueError, match="weighting"):
         client_average([1.0], [1], "median")
     assert mean_std([0.5, 0.7]) == pytest.approx((0.6, 0.1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.sampled_from(["val", "test"]), st.integers(0, 5),
+                          st.one_of(st.floats(0, 1), st.just(float("nan"))), st.one_of(st.floats(0, 1), st.just(float("nan")))),
+                min_size=1, max_size=40),
+       st.sampled_from(["nodes", "plain"]))
+def test_client_averages_is_client_average_per_group(rows, weighting):
+    "The grouped form (what `SeedRun.per_round` uses) gives, in every group, what `client_average` gives on that group's rows."
+    frame = pd.DataFrame(rows, columns=["round", "split", "n", "accuracy", "auc"])
+    got = client_averages(frame, ["round", "split"], ["accuracy", "auc"], weighting)
+    groups = frame.groupby(["round", "split"], sort=True)
+    assert list(got.index) == list(groups.groups)
+    for key, g in groups:
+        for col in ("accuracy", "auc"):
+            want = client_average(g[col], g["n"], weighting)
+            assert (np.isnan(want) and np.isnan(got.loc[key, col])) or got.loc[key, col] == pytest.approx(want, rel=1e-12, abs=1e-15)
+    with pytest.raises(ValueError, match="weighting"):
+        client_averages(frame, ["round"], ["accuracy"], "median")
 
 
 def test_select_round():

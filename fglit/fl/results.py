@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..metrics import client_average, mean_std, select_round, selection_used
+from ..metrics import client_averages, mean_std, select_round, selection_used
 
 
 # %% auto #0
@@ -32,12 +32,10 @@ class SeedRun:
 
     def per_round(self) -> pd.DataFrame:
         "Client-averaged scores per round: `val_accuracy`, `test_accuracy`, `test_f1_macro`, ..., `test_auc` (over the clients where AUC is defined)."
-        rows = []
-        metrics = ("accuracy", "f1_macro", "f1_macro_present") + (("auc",) if "auc" in self.history.columns else ())
-        for (rnd, split), g in self.history.groupby(["round", "split"], sort=True):
-            for metric in metrics:
-                rows.append((rnd, f"{split}_{metric}", client_average(g[metric], g["n"], self.weighting)))
-        return pd.DataFrame(rows, columns=["round", "metric", "value"]).pivot(index="round", columns="metric", values="value").reset_index().rename_axis(columns=None)
+        metrics = ["accuracy", "f1_macro", "f1_macro_present"] + (["auc"] if "auc" in self.history.columns else [])
+        avg = client_averages(self.history, ["round", "split"], metrics, self.weighting).unstack("split")   # columns (metric, split)
+        avg.columns = [f"{split}_{metric}" for metric, split in avg.columns]
+        return avg[sorted(avg.columns)].reset_index()
 
     @property
     def selected_round(self) -> int:
