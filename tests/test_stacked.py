@@ -137,6 +137,22 @@ def test_a_selected_stack_holds_the_blocks_of_its_clients(cora_clients, picked):
     assert torch.equal(sub.adj.matrix.to_dense(), torch.block_diag(*blocks))
 
 
+def test_feature_csr_and_the_block_input_hold_the_features(cora_clients):
+    "`feature_csr()` is `x` in CSR form (made once); the block input (`x_blocks`) puts client `k`'s features in columns `k d ... (k+1) d - 1` of its rows, zeros elsewhere."
+    import torch
+    from fglit.fl.stacked import ClientStack
+    _, data = cora_clients
+    stack = ClientStack(data)
+    crow, col, val = stack.feature_csr()
+    assert stack.feature_csr()[0] is crow
+    assert torch.equal(torch.sparse_csr_tensor(crow, col, val, stack.x.shape).to_dense(), stack.x)
+    K, n, d = stack.num_clients, stack.n_max, stack.x.size(1)
+    blocks = stack.x_blocks.matrix.to_dense().view(K, n, K, d)
+    for k in range(K):
+        assert torch.equal(blocks[k, :, k], stack.x.view(K, n, d)[k])
+        assert not blocks[k, :, [j for j in range(K) if j != k]].any()
+
+
 def test_selected_params_train_apart_and_go_back(cora_clients):
     "`StackedParams.select(rows)` copies those clients' weights and optimizer state; `put` writes them back and leaves the other rows as they were."
     import torch

@@ -14,8 +14,6 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import shortest_path
 from torch import Tensor, nn
 from torch_geometric.data import Batch as GraphBatch, Data
 
@@ -77,6 +75,8 @@ def _simple_undirected(edge_index: Tensor, num_nodes: int) -> Tensor:
 
 def _closeness(edge_index: Tensor, node_graph: Tensor, ptr: Tensor, sizes: Tensor, budget: int = 1 << 22) -> Tensor:
     "Mean networkx closeness (Wasserman–Faust) of every graph: all-pairs BFS distances (scipy's csgraph, in C) on block-diagonal chunks of consecutive graphs whose dense distance matrix stays under `budget` entries."
+    from scipy.sparse import csr_matrix                      # here, not at import: scipy.sparse costs every fglit run ~0.15 s
+    from scipy.sparse.csgraph import shortest_path
     device = sizes.device
     n_of = sizes.cpu().numpy().astype(np.int64)
     starts = ptr.cpu().numpy().astype(np.int64)

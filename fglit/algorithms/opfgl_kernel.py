@@ -443,12 +443,10 @@ class StageKernel:
         where = [params.names.index(n) for n in STAGE_PARAMS]
         K, d, h = params.tensors[where[0]].shape
         C = params.tensors[where[3]].size(1)
-        x = stack.x
-        row, col = x.nonzero(as_tuple=True)                 # row-major: CSR order
-        x_crow = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=x.size(0)).cumsum(0)])
+        x, (x_crow, x_col, x_val) = stack.x, stack.feature_csr()
         opt = lambda t: None if t is None else t.float().contiguous()
-        self._graph = [*_csr_parts(stack.adj.matrix), *_csr_parts(stack.adj.T), x_crow.contiguous(), col.contiguous(),
-                       x[row, col].float().contiguous(), stack.sizes.to(torch.int64).contiguous(), stack.y.contiguous(),
+        self._graph = [*_csr_parts(stack.adj.matrix), *_csr_parts(stack.adj.T), x_crow.contiguous(), x_col.contiguous(),
+                       x_val.float().contiguous(), stack.sizes.to(torch.int64).contiguous(), stack.y.contiguous(),
                        ce_weight.float().contiguous(), opt(kl_weight), opt(teacher_p)]
         self._state = [params.tensors[i].detach() for i in where] + [params.m[i] for i in where] + [params.v[i] for i in where]
         if any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu" for t in self._state + [x]):

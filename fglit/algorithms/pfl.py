@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import networkx as nx
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -67,6 +66,7 @@ def bipartition(similarity: Tensor) -> tuple[list[int], list[int]]:
     if n < 2: raise ValueError("a bipartition needs at least two items")
     S = similarity.detach().double().cpu().numpy()
     if (S < 0).any(): raise ValueError("similarity weights must be non-negative")
+    import networkx as nx                                    # here, not at import: every fglit run would pay for it
     i, j = np.triu_indices(n, 1)
     G = nx.Graph()
     G.add_nodes_from(range(n))

@@ -15,8 +15,8 @@ from ..core import load_entry_points
 
 
 # %% auto #0
-__all__ = ['ALGORITHMS', 'ALGORITHMS_PACKAGE', 'ALGORITHM_MODULES', 'Algorithm', 'package_modules', 'register_algorithm',
-           'load_algorithms', 'get_algorithm']
+__all__ = ['ALGORITHMS', 'ALGORITHM_MODULES', 'Algorithm', 'package_modules', 'register_algorithm', 'load_algorithms',
+           'get_algorithm']
 
 # %% ../../nbs/fl/04_registry.ipynb #af99bd75
 @dataclass(frozen=True)
@@ -48,8 +48,7 @@ def package_modules(package: str) -> tuple[str, ...]:
     path = importlib.import_module(package).__path__
     return tuple(f"{package}.{m.name}" for m in pkgutil.iter_modules(path) if not m.name.startswith("_"))
 
-ALGORITHMS_PACKAGE = "fglit.algorithms"
-ALGORITHM_MODULES = package_modules(ALGORITHMS_PACKAGE)
+ALGORITHM_MODULES = package_modules("fglit.algorithms")
 
 def register_algorithm(name: str, client: type, server: type, config: type, paper: str = "", sums_only: bool | Callable = True,
                        dataset_defaults: Callable[[str, str], dict] | None = None, sums: Any = None) -> Algorithm:
@@ -66,13 +65,9 @@ def load_algorithms() -> dict[str, Algorithm]:
     return ALGORITHMS
 
 def get_algorithm(name: str) -> Algorithm:
-    "The registered algorithm called `name` (case-insensitive). The module named after it is imported first and the others only when it does not register the name (each algorithm module costs its import: ~0.4 s for all of them)."
+    "The registered algorithm called `name` (case-insensitive)."
+    load_algorithms()          # all of them: a module may complete another's algorithm (opfgl_stacked gives OpFGLClient its stacked form)
     key = str(name).strip().lower()
-    own = f"{ALGORITHMS_PACKAGE}.{key}"
-    if own in ALGORITHM_MODULES:
-        importlib.import_module(own)
-        load_entry_points("fglit.algorithms")          # after the built-in module, as `load_algorithms` orders them
-    if key not in ALGORITHMS: load_algorithms()
     if key not in ALGORITHMS:
         raise ConfigError(f"unknown algorithm {name!r}; allowed: {', '.join(sorted(ALGORITHMS))}")
     return ALGORITHMS[key]

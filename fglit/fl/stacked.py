@@ -58,6 +58,7 @@ class ClientStack:
             self.masks[s] = m
         self.num_train = torch.bincount(self.client[self.masks["train"]], minlength=K)
         self._train_rows = None                 # train_rows(), made on first use
+        self._feature_csr = None                # feature_csr(), made on first use
         self.x_blocks = self._block_input() if x.device.type == "cpu" and torch.count_nonzero(x) <= SPARSE_INPUT_DENSITY * x.numel() else None
 
     def train_rows(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -71,13 +72,20 @@ class ClientStack:
             self._train_rows = (places, labels, real)
         return self._train_rows
 
+    def feature_csr(self) -> tuple[Tensor, Tensor, Tensor]:
+        "The features `x` (`[K n_max, d]`) in CSR form: row pointers `[K n_max + 1]`, columns and values of the nonzeros in row-major order (made once)."
+        if self._feature_csr is None:
+            row, col = self.x.nonzero(as_tuple=True)        # row-major: CSR order
+            crow = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=self.x.size(0)).cumsum(0)])
+            self._feature_csr = (crow, col, self.x[row, col])
+        return self._feature_csr
+
     def _block_input(self) -> SparseOperand:
         "Sparse features as one `[K n_max, K d]` matrix, client `k`'s in columns `k d ... (k+1) d - 1`: one sparse product with the stacked first-layer weights (`[K d, h]`) gives every client's $X_k W_k$."
-        x, d = self.x, self.x.size(1)
-        row, col = x.nonzero(as_tuple=True)                  # row-major: already in CSR order, and the shift keeps it so
-        crow = torch.cat([row.new_zeros(1), torch.bincount(row, minlength=x.size(0)).cumsum(0)])
-        return SparseOperand(torch.sparse_csr_tensor(crow, col + self.client[row] * d, x[row, col], (x.size(0), self.num_clients * d),
-                                                     check_invariants=False))
+        crow, col, val = self.feature_csr()
+        row_client = torch.repeat_interleave(self.client, crow.diff())                # the shift per column keeps CSR order
+        return SparseOperand(torch.sparse_csr_tensor(crow, col + row_client * self.x.size(1), val,
+                                                     (self.x.size(0), self.num_clients * self.x.size(1)), check_invariants=False))
 
     def select(self, clients: list[int]) -> "ClientStack":
         "The stack of only `clients` (in that order), padded to the largest of them: client `clients[j]`'s node `i` is row `j * n_max' + i` (see `rows_of`). A client's rows come first in its block and the padding is zeros, so the smaller padding leaves every real row's values as they are and saves the dense layers' work on padding rows."
