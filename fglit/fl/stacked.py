@@ -386,9 +386,20 @@ class StackedClients:
         _, labels, real = self.stack.train_rows()
         if logits.shape[:2] != labels.shape:
             raise ValueError(f"train_loss takes train_forward's logits, [K, t_max, C] with [K, t_max] = {list(labels.shape)}; got {list(logits.shape)}")
-        keep = real & active.to(real.device).unsqueeze(1)
-        per_node = F.cross_entropy(logits[keep], labels[keep], reduction="none")
-        return (per_node / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_node.dtype)).sum()
+        idx, kept_labels, counts = self._loss_rows(active, labels, real, logits.dtype)
+        per_node = F.cross_entropy(logits.reshape(-1, logits.size(-1)).index_select(0, idx), kept_labels, reduction="none")
+        return (per_node / counts).sum()
+
+    def _loss_rows(self, active: Tensor, labels: Tensor, real: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
+        "The flat places in `[K, t_max]` of the active clients' training rows, their labels and their clients' training counts, made once per pattern of `active` (a run's epochs share one)."
+        cached = getattr(self, "_loss_rows_cache", None)
+        if cached is not None and cached[0].shape == active.shape and torch.equal(cached[0], active) and cached[1] is labels:
+            return cached[2]
+        keep = (real & active.to(real.device).unsqueeze(1)).view(-1)
+        idx = keep.nonzero().squeeze(1)
+        rows = (idx, labels.view(-1).index_select(0, idx), self.stack.num_train.repeat_interleave(labels.size(1)).index_select(0, idx).to(dtype))
+        self._loss_rows_cache = (active.clone(), labels, rows)
+        return rows
 
     def fit(self, epochs: int, active: Tensor) -> None:
         active = active & self.has_train
