@@ -62,6 +62,8 @@ def cli():
                         "OpenMP oversubscription slows either side by 10-30x; 0 leaves torch's default)")
     p.add_argument("--only", choices=["both", "openfgl", "fglit"], default="both")
     p.add_argument("--engine", choices=["sequential", "stacked"], default="sequential", help="fglit's simulation engine")
+    p.add_argument("--local-kernel", choices=["torch", "c"], default="torch",
+                   help="fglit's local_kernel with --engine stacked: c runs the clients' local steps in fglit.fl.gcn_kernel's C routine")
     p.add_argument("--model", choices=["kipfgcn", "gcn"], default="kipfgcn",
                    help="fglit's model. OpenFGL's 2-layer GCN is GCNConv(in, 64), ReLU, dropout, GCNConv(64, classes): two weight "
                         "matrices, two propagations. fglit's kipfgcn with layers=2 is that network (one 64-unit GCN layer, then the "
@@ -143,6 +145,7 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
     settings = {"lr": o.lr, "hidden": o.hidden, "weight_decay": o.weight_decay, "dropout": o.dropout,
                 "layers": 2, "optimizer": "adam", "client_fraction": 1.0, "selection": "best_val",
                 "evaluation": PROTOCOLS[protocol][1], "mode": "pack", "engine": o.engine,
+                **({"local_kernel": o.local_kernel} if o.local_kernel != "torch" else {}),
                 "auc": o.auc == "on"}
     try:
         t0 = time.perf_counter()
@@ -323,7 +326,7 @@ def main():
                       optimizer="adam", client_fraction=1.0, split="per-client stratified 0.2/0.4/0.4 train/val/test (both sides)",
                       selection="test accuracy at the round of best validation accuracy", protocols={p: PROTOCOL_TEXT[p] for p in protocols},
                       torch_threads=o.threads or "default", device=o.device, acc_tol=o.acc_tol, target_ratio=o.target_ratio,
-                      engine=o.engine, auc=o.auc == "on",
+                      engine=o.engine, local_kernel=o.local_kernel, auc=o.auc == "on",
                       per_round_metrics=dict(openfgl="accuracy (--metrics accuracy)",
                                              fglit="accuracy, F1-macro" + (", ROC AUC" if o.auc == "on" else ""))),
         seeds=o.seeds, seeds_note=(f"{len(o.seeds)} seed(s); OpenFGL's Louvain (scikit-network) is deterministic, so its seeds "

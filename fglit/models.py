@@ -23,10 +23,10 @@ _all_ = ["ADJACENCY_KINDS", "SPARSE_INPUT_DENSITY", "adjacency", "propagate_hops
          "SparseOperand", "spmm", "GraphCache", "CachedEncoder"]   # re-exported from `fglit.graph_preprocessing`
 
 # %% auto #0
-__all__ = ['POOLS', 'TASKS', 'MODELS', 'MODEL_NAMES', 'dropout', 'Dropout', 'Head', 'GraphModel', 'ConvEncoder', 'GCNLayer',
-           'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GINGPFL', 'GAT', 'MLPEncoder', 'MLP',
-           'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder', 'SGC', 'SSGC',
-           'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'model_key', 'model_names', 'build_model',
+__all__ = ['POOLS', 'TASKS', 'MODELS', 'MODEL_NAMES', 'dropout', 'dropout_keep', 'Dropout', 'Head', 'GraphModel', 'ConvEncoder',
+           'GCNLayer', 'GCNEncoder', 'GCN', 'KipfGCN', 'GraphSAGE', 'SparseGINConv', 'GIN', 'GINGPFL', 'GAT',
+           'MLPEncoder', 'MLP', 'APPNPEncoder', 'APPNP', 'GCNIIEncoder', 'GCNII', 'PrecomputedEncoder', 'SGCEncoder',
+           'SGC', 'SSGC', 'SIGNEncoder', 'GAMLPEncoder', 'SIGN', 'GAMLP', 'model_key', 'model_names', 'build_model',
            'train_node_classifier', 'ADJACENCY_KINDS', 'SPARSE_INPUT_DENSITY', 'adjacency', 'propagate_hops',
            'knn_indices', 'knn_graph', 'SparseOperand', 'spmm', 'GraphCache', 'CachedEncoder']
 
@@ -48,8 +48,11 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(), dropout(x.values(), p, True), x.shape,
                                        check_invariants=False)
     if x.is_cuda: return F.dropout(x, p, True)
-    keep = (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))    # 0 or 1/(1-p): the backward is one product
-    return x * keep
+    return x * dropout_keep(x, p)       # the mask carries the scale: the backward is one product
+
+def dropout_keep(x: Tensor, p: float) -> Tensor:
+    "The mask `dropout` multiplies a CPU tensor like `x` by: 0 or 1/(1-p) per element, drawn with `rand_like` (a C routine that drops the same values draws its masks with it, in the same order: `fglit.fl.gcn_kernel`)."
+    return (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))
 
 class Dropout(nn.Module):
     "Module form of `dropout`."

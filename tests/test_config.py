@@ -34,7 +34,7 @@ def test_non_finite_numbers_are_refused_in_every_float_setting(cls):
 
 
 # choices that name the setting they need beside them (each refused without it: tests of their own)
-NEEDS = {("OpFGLConfig", "stage_kernel", "c"): {"engine": "stacked"}}
+NEEDS = {("OpFGLConfig", "stage_kernel", "c"): {"engine": "stacked"}, ("*", "local_kernel", "c"): {"engine": "stacked"}}
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
@@ -45,7 +45,7 @@ def test_choices_are_refused_outside_their_literal(cls):
         with pytest.raises(ConfigError, match=f"{name} must be one of .*; got 'no-such-choice'"):
             make_config(cls, {name: "no-such-choice"})
         for ok in literal_choices(cls, name):
-            if ok is not None: assert getattr(make_config(cls, {name: ok, **NEEDS.get((cls.__name__, name, ok), {})}), name) == ok
+            if ok is not None: assert getattr(make_config(cls, {name: ok, **NEEDS.get((cls.__name__, name, ok), NEEDS.get(("*", name, ok), {}))}), name) == ok
 
 
 def test_bounds_survive_a_subclass_that_changes_the_default():

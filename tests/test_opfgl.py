@@ -594,7 +594,7 @@ def test_surrogate_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
     from fglit.federation import ConfigError
     monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
     monkeypatch.setattr(K, "_LIB", None)
-    monkeypatch.setattr(K.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)        # fglit.fl.gcn_kernel.build_library looks the compiler up
     with pytest.raises(ConfigError, match="needs a C compiler"):
         K.load_kernel()
 
@@ -709,9 +709,10 @@ def test_stage_kernel_steps_in_chunks_are_its_steps_one_by_one_and_leave_the_oth
 
 def test_stage_kernel_c_without_a_compiler_says_so(tmp_path, monkeypatch):
     import fglit.algorithms.opfgl_kernel as K
+    import fglit.fl.gcn_kernel as G                       # the routine the stages share with FedAvg's local_kernel
     monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(K, "_STAGE_LIB", None)
-    monkeypatch.setattr(K.shutil, "which", lambda name: None)
+    monkeypatch.setattr(G, "_LIB", None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ConfigError, match="stage_kernel='c' compiles a small C routine and needs a C compiler"):
         K.load_stage_kernel()
 

@@ -367,3 +367,68 @@ def test_train_loss_refuses_logits_of_every_row(cora_metis8):
     _, every = group.forward()
     with pytest.raises(ValueError, match="train_forward"):
         group.train_loss(every, active)
+
+
+def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg"):
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    from fglit.fl.loop import stacked_form
+    from fglit.fl.protocol import ModelSpec
+    ds, data = cora_clients
+    algo = get_algorithm(algorithm)
+    cfg = make_config(algo.config, {"engine": "stacked", "local_kernel": local_kernel, "dropout": 0.5, "layers": 2})
+    spec = ModelSpec("kipfgcn", ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
+    kind = stacked_form(algo.client)
+    torch.manual_seed(0)
+    return kind(data, cfg, spec, kind.initial_states(spec, len(data)))
+
+
+def test_local_kernel_c_follows_the_torch_path_with_the_same_dropout(cora_clients):
+    "`local_kernel='c'`: FedAvg's stacked clients take three local steps in the C routine (fglit.fl.gcn_kernel) with the torch path's dropout masks, drawn in its order: the weights move as the torch path moves them (within 2% of the move: the same maths, other rounding), the step counts advance, and an inactive client is left alone."
+    import torch
+    runs = {}
+    for kernel in ("torch", "c"):
+        stack = _fedavg_stack(cora_clients, kernel)
+        start = stack.params.flat().clone()
+        active = torch.ones(stack.stack.num_clients, dtype=torch.bool); active[2] = False
+        torch.manual_seed(123)
+        stack.fit(3, active)
+        runs[kernel] = (stack, start)
+    (t, start), (c, _) = runs["torch"], runs["c"]
+    assert vars(c)["_kernel"] is not None and "_kernel" not in vars(t)
+    move = float((t.params.flat() - start).abs().max())
+    assert move > 1e-3 and float((c.params.flat() - t.params.flat()).abs().max()) < 0.02 * move
+    assert torch.equal(c.params.flat()[2], start[2]) and c.params.steps.tolist() == t.params.steps.tolist() == [3, 3, 0, 3, 3, 3]
+    with pytest.raises(ValueError, match="x_keep must be"):
+        c.local_kernel().steps(torch.ones(6, dtype=torch.bool), 2, torch.ones(1, 5), None)
+
+
+def test_local_kernel_c_runs_fedavg_like_the_torch_path():
+    "A short FedAvg run on Cora with local_kernel='c' scores as the torch path does, client by client (within two test nodes' worth at every round)."
+    from fglit.federation import run
+    kw = dict(rounds=5, local_epochs=3, model="kipfgcn", seeds=[0], progress=False)
+    settings = {"engine": "stacked", "layers": 2, "auc": False}
+    a, b = (run("fedavg", "Cora", "louvain", 6, settings={**settings, "local_kernel": k}, **kw).runs[0].history for k in ("torch", "c"))
+    h = a.merge(b, on=["round", "client", "split", "n"], suffixes=("_torch", "_c"))
+    assert len(h) == len(a) == len(b)
+    assert ((h.accuracy_torch - h.accuracy_c).abs() <= 2.0 / h.n + 1e-9).all()
+
+
+def test_local_kernel_c_leaves_what_it_does_not_cover_to_the_torch_path(cora_clients):
+    "FedProx adds a term to the loss: with local_kernel='c' it warns once and trains exactly as the torch path; local_kernel='c' needs the stacked engine."
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    flats = {}
+    for kernel in ("torch", "c"):
+        stack = _fedavg_stack(cora_clients, kernel, "fedprox")
+        stack.receive(list(range(6)), [{"params": stack.params.flat()[0].clone()}] * 6)
+        torch.manual_seed(5)
+        if kernel == "c":
+            with pytest.warns(UserWarning, match="local_kernel='c' is not used: it covers clients whose loss is plain cross-entropy"):
+                stack.fit(2, torch.ones(6, dtype=torch.bool))
+        else:
+            stack.fit(2, torch.ones(6, dtype=torch.bool))
+        flats[kernel] = stack.params.flat()
+    assert torch.equal(flats["torch"], flats["c"])
+    with pytest.raises(ConfigError, match="local_kernel='c' trains the stacked engine's clients: set engine='stacked'"):
+        make_config(get_algorithm("fedavg").config, {"local_kernel": "c"})

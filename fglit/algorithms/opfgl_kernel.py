@@ -6,23 +6,15 @@
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..core import cache_dir
-from ..federation import ConfigError
+from ..fl.gcn_kernel import GCNStepKernel, _ptr, build_library, check_gcn_step_setting, device_reason, load_gcn_step_kernel
 
 # %% auto #0
-__all__ = ['SOURCE', 'COMPILE_FLAGS', 'STAGE_SOURCE', 'STAGE_PARAMS', 'build_library', 'load_kernel', 'SurrogateKernel',
-           'device_reason', 'check_kernel_setting', 'load_stage_kernel', 'StageKernel', 'check_stage_kernel_setting']
+__all__ = ['SOURCE', 'load_kernel', 'SurrogateKernel', 'check_kernel_setting', 'load_stage_kernel', 'StageKernel',
+           'check_stage_kernel_setting']
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #4aed1a6a
 SOURCE = r"""#include <math.h>
@@ -208,29 +200,6 @@ done:
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #a308c0d3
 _LIB: ctypes.CDLL | None = None
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC")
-
-def build_library(source: str, name: str, setting: str) -> ctypes.CDLL:
-    "`source` compiled with `CC`/`cc` (compiled with `COMPILE_FLAGS`, linked without them) into fglit's cache as `name_<key>.so`, keyed by the source, the flags and the CPU, and loaded; `setting` names the option that asked for it in the errors."
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None: raise ConfigError(f"{setting}='c' compiles a small C routine and needs a C compiler: none found (set CC, or use {setting}='torch')")
-    cpu = platform.machine() + platform.processor()
-    if Path("/proc/cpuinfo").exists(): cpu += next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
-    key = hashlib.sha256((source + " ".join(COMPILE_FLAGS) + cpu).encode()).hexdigest()[:16]
-    out = cache_dir() / "kernels" / f"{name}_{key}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, obj, lib = Path(tmp) / "kernel.c", Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-            src.write_text(source)
-            # two commands: linked with -ffast-math, the library would carry crtfastmath.o, which switches the whole
-            # process to flushing denormal floats to zero when it is loaded (and so changes every other computation)
-            for cmd in ([cc, *COMPILE_FLAGS, "-c", "-o", str(obj), str(src)], [cc, "-shared", "-o", str(lib), str(obj), "-lm"]):
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode: raise ConfigError(f"{setting}='c': {cc} could not build the routine:\n{done.stderr[-2000:]}")
-            os.replace(lib, out)            # atomic: a concurrent build leaves one whole file
-    return ctypes.CDLL(str(out))
-
 def load_kernel() -> ctypes.CDLL:
     "The surrogate graph's compiled routine (`build_library`, once per process)."
     global _LIB
@@ -240,9 +209,6 @@ def load_kernel() -> ctypes.CDLL:
     return _LIB
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #f06f2510
-def _ptr(t: Tensor | None):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
-
 class SurrogateKernel:
     "The C routine bound to one surrogate graph: `x` and the link predictor's parameters (updated in place by their optimizers), with every parameter's `.grad` set once to a buffer each step rewrites."
     def __init__(self, x: Tensor, link, target: Tensor, class_weight: Tensor, config):
@@ -282,10 +248,6 @@ class SurrogateKernel:
 
 
 # %% ../../nbs/20b_opfgl_kernel.ipynb #60e69325
-def device_reason(device: torch.device) -> str:
-    "Why a C routine of this notebook cannot run on `device` ('' on the CPU, where they all run)."
-    return "" if device.type == "cpu" else f"it runs on the CPU; this run is on {device.type}"
-
 def check_kernel_setting(config, one_each: bool, device: torch.device) -> str:
     "Why the C routine cannot run this surrogate graph ('' when it can)."
     if device_reason(device): return device_reason(device)
@@ -293,182 +255,21 @@ def check_kernel_setting(config, one_each: bool, device: torch.device) -> str:
     if not one_each: return "it covers one surrogate node per class, every class present"
     return ""
 
-# %% ../../nbs/20b_opfgl_kernel.ipynb #94e4a3b1
-STAGE_SOURCE = r"""#include <math.h>
-#include <string.h>
-#include <stdint.h>
-/* n_steps Adam steps of O-pFGL's stage loss for every active client of a stack, each on its own block of rows: a 2-layer
-   Kipf GCN (logits = A relu(A X W0 + b0) W1^T + b1; A the stack's normalised adjacency, X its features, both CSR),
-   the loss sum_r ce_w[r] CE(logits_r, y_r) + kl_w[r] KL(t_p[r] || softmax(logits_r)), its gradient in closed form,
-   and Adam with L2 weight decay (torch.optim.Adam's maths) on W0 [d,h], b0 [h], W1 [C,h], b1 [C] in place. */
-
-static void adam(float *p, const float *g, float *m, float *v, long n, float lr, float b1, float b2, float wd, float eps,
-                 double bc1, double bc2_sqrt) {
-    const float step = (float)(lr / bc1), inv = (float)(1.0 / bc2_sqrt), c1 = 1.f - b1, c2 = 1.f - b2;
-    for (long i = 0; i < n; i++) {
-        float gi = g[i] + wd * p[i];
-        float mi = b1 * m[i] + c1 * gi, vi = b2 * v[i] + c2 * gi * gi;
-        m[i] = mi; v[i] = vi;
-        p[i] -= step * mi / (sqrtf(vi) * inv + eps);
-    }
-}
-
-/* out[r] = sum_e val[e] in[col[e] - base] over the stored entries of row base + r, for the n rows of one block */
-static void block_spmm(const int64_t *crow, const int64_t *col, const float *val, long base, int n, int h,
-                       const float *in, float *out) {
-    for (int r = 0; r < n; r++) {
-        float *o = out + (long)r * h;
-        for (int j = 0; j < h; j++) o[j] = 0.f;
-        for (int64_t e = crow[base + r]; e < crow[base + r + 1]; e++) {
-            const float w = val[e], *src = in + (col[e] - base) * h;
-            for (int j = 0; j < h; j++) o[j] += w * src[j];
-        }
-    }
-}
-
-void stage_step(int K, int n_max, int d, int h, int C,
-                const int64_t *a_crow, const int64_t *a_col, const float *a_val,
-                const int64_t *t_crow, const int64_t *t_col, const float *t_val,
-                const int64_t *x_crow, const int64_t *x_col, const float *x_val,
-                const int64_t *sizes, const int64_t *y, const float *ce_w, const float *kl_w, const float *t_p,
-                const uint8_t *active, int64_t *steps, int n_steps,
-                float *W0, float *b0, float *W1, float *b1, float *mW0, float *mb0, float *mW1, float *mb1,
-                float *vW0, float *vb0, float *vW1, float *vb1, float lr, float beta1, float beta2, float wd, float eps,
-                float *Z, float *H1, float *H, float *dH, float *dH1, float *dW0, uint8_t *touched, float *gW1, float *gb1, float *gb0) {
-    float zero[h], p[C];
-    for (int j = 0; j < h; j++) zero[j] = 0.f;
-    for (int k = 0; k < K; k++) {
-        if (!active[k]) continue;
-        for (int s = 0; s < n_steps; s++) {         /* a client's steps back to back: its weights and Adam state stay in cache */
-        const int n = (int)sizes[k];
-        const long base = (long)k * n_max;
-        float *W0k = W0 + (long)k * d * h, *b0k = b0 + (long)k * h, *W1k = W1 + (long)k * C * h, *b1k = b1 + (long)k * C;
-        /* forward: Z = X W0 (the block's rows), H1 = relu(A Z + b0), H = A H1 */
-        for (int r = 0; r < n; r++) {
-            float *z = Z + (long)r * h;
-            for (int j = 0; j < h; j++) z[j] = 0.f;
-            for (int64_t e = x_crow[base + r]; e < x_crow[base + r + 1]; e++) {
-                const float w = x_val[e], *src = W0k + x_col[e] * h;
-                for (int j = 0; j < h; j++) z[j] += w * src[j];
-            }
-        }
-        block_spmm(a_crow, a_col, a_val, base, n, h, Z, H1);
-        for (long i = 0; i < (long)n * h; i++) { float u = H1[i] + b0k[i % h]; H1[i] = u > 0.f ? u : 0.f; }
-        block_spmm(a_crow, a_col, a_val, base, n, h, H1, H);
-        /* the loss's gradient w.r.t. the logits, row by row, and the head's gradients */
-        for (int i = 0; i < C * h; i++) gW1[i] = 0.f;
-        for (int c = 0; c < C; c++) gb1[c] = 0.f;
-        for (int r = 0; r < n; r++) {
-            const long R = base + r;
-            const float wce = ce_w[R], wkl = kl_w ? kl_w[R] : 0.f, *hr = H + (long)r * h;
-            float *dh = dH + (long)r * h;
-            for (int j = 0; j < h; j++) dh[j] = 0.f;
-            if (wce == 0.f && wkl == 0.f) continue;
-            float s = 0.f;
-            for (int c = 0; c < C; c++) {
-                float l = b1k[c];
-                const float *wc = W1k + (long)c * h;
-                for (int j = 0; j < h; j++) l += hr[j] * wc[j];
-                p[c] = l;
-            }
-            float mx = p[0];                         /* (no infinities: -ffast-math assumes none) */
-            for (int c = 1; c < C; c++) if (p[c] > mx) mx = p[c];
-            for (int c = 0; c < C; c++) { p[c] = expf(p[c] - mx); s += p[c]; }
-            float tsum = 0.f;
-            if (wkl != 0.f) for (int c = 0; c < C; c++) tsum += t_p[R * C + c];
-            for (int c = 0; c < C; c++) {
-                p[c] /= s;
-                float g = wce * (p[c] - (c == y[R] ? 1.f : 0.f));
-                if (wkl != 0.f) g += wkl * (p[c] * tsum - t_p[R * C + c]);
-                gb1[c] += g;
-                float *gw = gW1 + (long)c * h;
-                const float *wc = W1k + (long)c * h;
-                for (int j = 0; j < h; j++) { gw[j] += g * hr[j]; dh[j] += g * wc[j]; }
-            }
-        }
-        /* backward through the layers: dH1 = A^T dH, masked by the ReLU; dZ = A^T dH1 (in Z); dW0 = X^T dZ (touched rows) */
-        block_spmm(t_crow, t_col, t_val, base, n, h, dH, dH1);
-        for (int j = 0; j < h; j++) gb0[j] = 0.f;
-        for (int r = 0; r < n; r++) for (int j = 0; j < h; j++) {
-            long i = (long)r * h + j;
-            if (H1[i] <= 0.f) dH1[i] = 0.f;
-            gb0[j] += dH1[i];
-        }
-        block_spmm(t_crow, t_col, t_val, base, n, h, dH1, Z);
-        for (int r = 0; r < n; r++) {
-            const float *dz = Z + (long)r * h;
-            for (int64_t e = x_crow[base + r]; e < x_crow[base + r + 1]; e++) {
-                const float w = x_val[e];
-                float *dst = dW0 + x_col[e] * h;
-                touched[x_col[e]] = 1;
-                for (int j = 0; j < h; j++) dst[j] += w * dz[j];
-            }
-        }
-        /* Adam (step t = steps[k] + 1, as torch's fused kernel takes the incremented count) */
-        const double t = (double)(steps[k] + 1), bc1 = 1.0 - pow(beta1, t), bc2s = sqrt(1.0 - pow(beta2, t));
-        float *mW0k = mW0 + (long)k * d * h, *vW0k = vW0 + (long)k * d * h;
-        for (int i = 0; i < d; i++) {
-            const long o = (long)i * h;
-            adam(W0k + o, touched[i] ? dW0 + o : zero, mW0k + o, vW0k + o, h, lr, beta1, beta2, wd, eps, bc1, bc2s);
-            if (touched[i]) { memset(dW0 + o, 0, sizeof(float) * h); touched[i] = 0; }
-        }
-        adam(b0k, gb0, mb0 + (long)k * h, vb0 + (long)k * h, h, lr, beta1, beta2, wd, eps, bc1, bc2s);
-        adam(W1k, gW1, mW1 + (long)k * C * h, vW1 + (long)k * C * h, (long)C * h, lr, beta1, beta2, wd, eps, bc1, bc2s);
-        adam(b1k, gb1, mb1 + (long)k * C, vb1 + (long)k * C, C, lr, beta1, beta2, wd, eps, bc1, bc2s);
-        steps[k] += 1;
-        }
-    }
-}
-"""
-
 # %% ../../nbs/20b_opfgl_kernel.ipynb #e8939d86
-_STAGE_LIB: ctypes.CDLL | None = None
-
 def load_stage_kernel() -> ctypes.CDLL:
-    "The stages' compiled routine (`build_library`, once per process)."
-    global _STAGE_LIB
-    if _STAGE_LIB is None: _STAGE_LIB = build_library(STAGE_SOURCE, "opfgl_stage", "stage_kernel")
-    return _STAGE_LIB
+    "The stages' compiled routine: `fglit.fl.gcn_kernel`'s (once per process), its compile errors naming `stage_kernel`."
+    return load_gcn_step_kernel("stage_kernel")
 
-STAGE_PARAMS = ("encoder.convs.0.weight", "encoder.convs.0.bias", "head.1.weight", "head.1.bias")   # W0 [d, h], b0, W1 [C, h], b1
-
-def _csr_parts(m: Tensor) -> list[Tensor]:
-    return [m.crow_indices().to(torch.int64).contiguous(), m.col_indices().to(torch.int64).contiguous(), m.values().float().contiguous()]
-
-class StageKernel:
-    "The C routine bound to a stack of clients (`ClientStack`) and their stacked parameters and Adam state (`StackedParams`, updated in place): per row of the stack, the cross-entropy weight `ce_weight` (0: not a training row), and for distillation the weight `kl_weight` and the teacher's probabilities `teacher_p` (`[rows, C]`)."
+class StageKernel(GCNStepKernel):
+    "The stages' use of `fglit.fl.gcn_kernel.GCNStepKernel`: the same routine (without dropout masks: the stages' torch path has none at the paper's dropout 0), its errors naming `stage_kernel`."
     def __init__(self, params, stack, ce_weight: Tensor, kl_weight: Tensor | None = None, teacher_p: Tensor | None = None,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.lib, self.params, self.betas, self.eps = load_stage_kernel(), params, betas, eps
-        where = [params.names.index(n) for n in STAGE_PARAMS]
-        K, d, h = params.tensors[where[0]].shape
-        C = params.tensors[where[3]].size(1)
-        x, (x_crow, x_col, x_val) = stack.x, stack.feature_csr()
-        opt = lambda t: None if t is None else t.float().contiguous()
-        self._graph = [*_csr_parts(stack.adj.matrix), *_csr_parts(stack.adj.T), x_crow.contiguous(), x_col.contiguous(),
-                       x_val.float().contiguous(), stack.sizes.to(torch.int64).contiguous(), stack.y.contiguous(),
-                       ce_weight.float().contiguous(), opt(kl_weight), opt(teacher_p)]
-        self._state = [params.tensors[i].detach() for i in where] + [params.m[i] for i in where] + [params.v[i] for i in where]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu" for t in self._state + [x]):
-            raise ValueError("the stage kernel takes contiguous float32 CPU tensors")
-        n = stack.n_max
-        self._scratch = [torch.zeros(n * h) for _ in range(5)] + [torch.zeros(d * h), torch.zeros(d, dtype=torch.uint8),
-                                                                  torch.zeros(C * h), torch.zeros(C), torch.zeros(h)]
-        self.dims = [ctypes.c_int(v) for v in (K, n, d, h, C)]
-
-    def steps(self, active: Tensor, n: int) -> None:
-        "`n` Adam steps of every `active` client (`[K]` bool), each client's back to back; their step counts advance by `n`."
-        p, act = self.params, active.to(torch.uint8).contiguous()
-        self.lib.stage_step(*self.dims, *map(_ptr, self._graph), _ptr(act), _ptr(p.steps), ctypes.c_int(n), *map(_ptr, self._state),
-                            ctypes.c_float(p.lr), ctypes.c_float(self.betas[0]), ctypes.c_float(self.betas[1]), ctypes.c_float(p.wd),
-                            ctypes.c_float(self.eps), *map(_ptr, self._scratch))
-        p._common_step = None                # the step counts moved outside StackedParams.step
+        super().__init__(params, stack, ce_weight, kl_weight, teacher_p, betas, eps, setting="stage_kernel")
 
 def check_stage_kernel_setting(config, spec, device: torch.device) -> str:
     "Why the stages' C routine cannot train these clients ('' when it can)."
-    if device_reason(device): return device_reason(device)
-    if spec.name != "kipfgcn" or spec.layers != 2 or spec.options: return f"it covers the 2-layer kipfgcn; this run has {spec.layers}-layer {spec.name}"
+    why = check_gcn_step_setting(spec, config.optimizer, device)
+    if why: return why
     if spec.dropout or config.dropout: return f"it covers dropout 0; this run has {config.dropout}"
-    if config.optimizer != "adam": return f"it covers Adam; this run has {config.optimizer}"
     if config.finetune_loss != "ce": return f"it covers cross-entropy fine-tuning; this run has {config.finetune_loss}"
     return ""

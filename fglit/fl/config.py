@@ -131,6 +131,7 @@ class FedConfig:
     fold: int = setting(-1, ge=-1, help=">= 0: this cross-validation fold is the test set (the partition needs folds=k)")
     engine: Literal["sequential", "stacked"] = setting("sequential", help="in-process simulation: clients one after another (the reference), or as stacked computations (fglit.fl.stacked; stack_rows)")
     stack_rows: int = setting(8192, ge=0, help="engine='stacked' on the CPU: the clients in stacks of at most this many padded rows, trained one after another (a larger client alone; 0: one stack of every client)")
+    local_kernel: Literal["torch", "c"] = setting("torch", help="engine='stacked': 'c' runs the local steps of clients whose loss is plain cross-entropy (Standalone, FedAvg) on the 2-layer kipfgcn in a C routine on the CPU (fglit.fl.gcn_kernel; the same maths, not the same rounding)")
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig, metadata={"help": "secure aggregation and DP (PrivacyConfig)"})
     # what an algorithm cannot do, declared once on its config class and enforced by `check_setup` ('' = no restriction)
     node_task_only: ClassVar[str] = ""   # why it needs node classification, e.g. "FedGTA is a node-classification method (...)"
@@ -144,6 +145,8 @@ class FedConfig:
         self.privacy.validate()
         if self.fold >= 0 and self.selection == "best_val":
             raise ConfigError("cross-validation folds have no validation set: set selection='last' to use fold >= 0")
+        if self.local_kernel == "c" and self.engine != "stacked":
+            raise ConfigError("local_kernel='c' trains the stacked engine's clients: set engine='stacked'")
         if self.graphless_model and self.graphless_model.lower() not in MODELS:
             raise ConfigError(f"graphless_model must be '' or one of {', '.join(MODELS)}; got {self.graphless_model!r}")
         if self.graphless_model and self.one_model_only:

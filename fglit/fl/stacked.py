@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graph_preprocessing import SPARSE_INPUT_DENSITY, SparseOperand, adjacency, spmm
-from ..models import dropout
+from ..models import dropout, dropout_keep
 from .config import ConfigError, make_config
 from .local_data import LocalData, SPLITS
 from .loop import score_rows, scores_in_client_order, simulate, stack_chunks, stacked_algorithms, stacked_form
@@ -404,6 +405,9 @@ class StackedClients:
     def fit(self, epochs: int, active: Tensor) -> None:
         active = active & self.has_train
         if not bool(active.any()): return
+        if self.config.local_kernel == "c" and self.local_kernel() is not None:
+            self.local_kernel().steps(active, epochs, *self.kernel_masks(epochs))
+            return
         for _ in range(epochs):
             self.params.zero_grad()
             emb, logits = self.train_forward()
@@ -413,6 +417,29 @@ class StackedClients:
             loss.backward()
             self.after_backward(active)
             self.params.step(active)
+
+    def local_kernel(self):
+        "The C routine for this stack's local steps (`local_kernel='c'`, `fglit.fl.gcn_kernel`), built on first use; None, with one warning, where it does not cover them (then the torch path trains)."
+        if "_kernel" not in vars(self):
+            from fglit.fl.gcn_kernel import GCNStepKernel, check_gcn_step_setting
+            plain = all(getattr(type(self), f) is getattr(StackedClients, f) for f in ("train_loss", "extra_loss", "after_backward", "train_forward", "forward"))
+            why = (check_gcn_step_setting(self.spec, self.config.optimizer, self.stack.x.device)
+                   or ("" if plain else f"it covers clients whose loss is plain cross-entropy; {type(self).__name__} changes it")
+                   or ("" if self.stack.x_blocks is not None else "it covers sparse features (the stack's block input)"))
+            if why: warnings.warn(f"local_kernel='c' is not used: {why}; the torch path trains these clients", stacklevel=3)
+            ce = self.stack.masks["train"].float() / self.stack.num_train[self.stack.client].clamp_min(1).float()
+            self._kernel = None if why else GCNStepKernel(self.params, self.stack, ce)
+        return self._kernel
+
+    def kernel_masks(self, epochs: int) -> tuple[Tensor | None, Tensor | None]:
+        "The dropout masks of `epochs` steps for `local_kernel`, drawn as `fit`'s torch path draws them, step by step: the features' stored values, then the head's input on each client's training rows (`[epochs, nnz]`, `[epochs, K n_max, hidden]`); None without dropout."
+        p = self.spec.dropout
+        if not p: return None, None
+        values, (places, _, _) = self.stack.x_blocks.matrix.values(), self.stack.train_rows()
+        K, n, h = self.stack.num_clients, self.stack.n_max, self.spec.hidden
+        drawn = [(dropout_keep(values, p), dropout_keep(values.new_empty(K, places.size(1), h), p)) for _ in range(epochs)]
+        head = values.new_zeros(epochs, K, n, h).scatter_(2, places[None, :, :, None].expand(epochs, -1, -1, h), torch.stack([d[1] for d in drawn]))
+        return torch.stack([d[0] for d in drawn]), head.view(epochs, K * n, h)
 
     def local_step(self, messages: dict[int, Message], rnd: int) -> dict[int, Message]:
         cids = list(messages)
