@@ -17,6 +17,8 @@ from fglit.algorithms.opfgl import (HETERO_MODELS, LinkPredictor, OpFGLConfig, c
                                     pooled_statistics, reliable_nodes, soft_labels, sum_messages, surrogate_class_sizes)
 from fglit.federation import ConfigError, make_config, run
 
+from _device import cpu_routine
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -652,6 +654,7 @@ def test_stage_kernel_c_needs_the_stacked_engine():
 
 
 @needs_cc
+@cpu_routine
 def test_stage_kernel_c_follows_the_torch_path(shared_root, tmp_path, monkeypatch):
     "The stages in C train the same clients as the torch path to float rounding: the same early stops or a check apart, validation and test accuracy within 2 points per client; the logs say which kernel trained."
     monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
@@ -665,6 +668,7 @@ def test_stage_kernel_c_follows_the_torch_path(shared_root, tmp_path, monkeypatc
 
 
 @needs_cc
+@cpu_routine
 def test_stage_kernel_c_hands_what_it_does_not_cover_to_torch(shared_root, tmp_path, monkeypatch):
     "Dropout is not the routine's: a warning says so, the torch path trains (the same run as asking for torch) and the logs say torch."
     monkeypatch.setenv("FGLIT_CACHE", str(tmp_path))
@@ -676,6 +680,7 @@ def test_stage_kernel_c_hands_what_it_does_not_cover_to_torch(shared_root, tmp_p
 
 
 @needs_cc
+@cpu_routine
 def test_stage_kernel_steps_in_chunks_are_its_steps_one_by_one_and_leave_the_others_alone(shared_root, tmp_path, monkeypatch):
     "n steps in one call are n calls of one step, bit for bit; a client outside `active` keeps its weights, moments and step count."
     from fglit.algorithms.opfgl_kernel import StageKernel

@@ -369,6 +369,9 @@ def test_train_loss_refuses_logits_of_every_row(cora_metis8):
         group.train_loss(every, active)
 
 
+from _device import cpu_routine  # noqa: E402
+
+
 def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg"):
     import torch
     from fglit.federation import get_algorithm, make_config
@@ -383,6 +386,7 @@ def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg"):
     return kind(data, cfg, spec, kind.initial_states(spec, len(data)))
 
 
+@cpu_routine
 def test_local_kernel_c_follows_the_torch_path_with_the_same_dropout(cora_clients):
     "`local_kernel='c'`: FedAvg's stacked clients take three local steps in the C routine (fglit.fl.gcn_kernel) with the torch path's dropout masks, drawn in its order: the weights move as the torch path moves them (within 2% of the move: the same maths, other rounding), the step counts advance, and an inactive client is left alone."
     import torch
@@ -403,6 +407,7 @@ def test_local_kernel_c_follows_the_torch_path_with_the_same_dropout(cora_client
         c.local_kernel().steps(torch.ones(6, dtype=torch.bool), 2, torch.ones(1, 5), None)
 
 
+@cpu_routine
 def test_local_kernel_c_runs_fedavg_like_the_torch_path():
     "A short FedAvg run on Cora with local_kernel='c' scores as the torch path does, client by client (within two test nodes' worth at every round)."
     from fglit.federation import run
@@ -414,6 +419,7 @@ def test_local_kernel_c_runs_fedavg_like_the_torch_path():
     assert ((h.accuracy_torch - h.accuracy_c).abs() <= 2.0 / h.n + 1e-9).all()
 
 
+@cpu_routine
 def test_local_kernel_c_leaves_what_it_does_not_cover_to_the_torch_path(cora_clients):
     "FedProx adds a term to the loss: with local_kernel='c' it warns once and trains exactly as the torch path; local_kernel='c' needs the stacked engine."
     import torch
@@ -432,3 +438,15 @@ def test_local_kernel_c_leaves_what_it_does_not_cover_to_the_torch_path(cora_cli
     assert torch.equal(flats["torch"], flats["c"])
     with pytest.raises(ConfigError, match="local_kernel='c' trains the stacked engine's clients: set engine='stacked'"):
         make_config(get_algorithm("fedavg").config, {"local_kernel": "c"})
+
+
+def test_the_local_kernel_names_what_it_does_not_cover():
+    "check_gcn_step_setting's reasons, on any machine: another device, another model, another optimizer."
+    import torch
+    from fglit.fl.gcn_kernel import check_gcn_step_setting
+    from fglit.fl.protocol import ModelSpec
+    spec = ModelSpec("kipfgcn", 10, 3, "node", 8, 2, 0.5)
+    assert check_gcn_step_setting(spec, "adam", torch.device("cpu")) == ""
+    assert check_gcn_step_setting(spec, "adam", torch.device("cuda")) == "it runs on the CPU; this run is on cuda"
+    assert "2-layer kipfgcn" in check_gcn_step_setting(ModelSpec("gcn", 10, 3, "node", 8, 2, 0.5), "adam", torch.device("cpu"))
+    assert check_gcn_step_setting(spec, "sgd", torch.device("cpu")) == "it covers Adam; this run has sgd"
