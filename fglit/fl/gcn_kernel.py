@@ -63,8 +63,8 @@ GCN_STEP_SOURCE = r"""#include <math.h>
    (logits = A relu(A X' W0 + b0) W1^T + b1, the head on H' = A H1 * h_keep; A the stack's normalised adjacency, X its
    features, both CSR; X' = X * x_keep, value by value), the loss sum_r ce_w[r] CE(logits_r, y_r) + kl_w[r]
    KL(t_p[r] || softmax(logits_r)), its gradient in closed form, and Adam with L2 weight decay (torch.optim.Adam's maths)
-   on W0 [d,h], b0 [h], W1 [C,h], b1 [C] in place. x_keep [n_steps, x_nnz] and h_keep [n_steps, rows, h] are the
-   dropout masks (0 or 1/(1-p)) of each step, NULL for none. */
+   on W0 [d,h], b0 [h], W1 [C,h], b1 [C] in place. x_keep [n_steps, x_nnz] and h_keep [n_steps, h_slots, h] are the
+   dropout masks (0 or 1/(1-p)) of each step, NULL for none; row R's head mask is slot h_slot[R] (-1: none). */
 
 static void adam(float *p, const float *g, float *m, float *v, long n, float lr, float b1, float b2, float wd, float eps,
                  double bc1, double bc2_sqrt) {
@@ -95,7 +95,7 @@ void gcn_steps(int K, int n_max, int d, int h, int C,
                 const int64_t *t_crow, const int64_t *t_col, const float *t_val,
                 const int64_t *x_crow, const int64_t *x_col, const float *x_val,
                 const int64_t *sizes, const int64_t *y, const float *ce_w, const float *kl_w, const float *t_p,
-                const float *x_keep, long x_nnz, const float *h_keep,
+                const float *x_keep, long x_nnz, const float *h_keep, const int64_t *h_slot, long h_slots,
                 const uint8_t *active, int64_t *steps, int n_steps,
                 float *W0, float *b0, float *W1, float *b1, float *mW0, float *mb0, float *mW1, float *mb1,
                 float *vW0, float *vb0, float *vW1, float *vb1, float lr, float beta1, float beta2, float wd, float eps,
@@ -108,7 +108,7 @@ void gcn_steps(int K, int n_max, int d, int h, int C,
         const int n = (int)sizes[k];
         const long base = (long)k * n_max;
         const float *xk = x_keep ? x_keep + (long)s * x_nnz : NULL;            /* this step's masks */
-        const float *hks = h_keep ? h_keep + (long)s * K * n_max * h : NULL;
+        const float *hks = h_keep ? h_keep + (long)s * h_slots * h : NULL;
         float *W0k = W0 + (long)k * d * h, *b0k = b0 + (long)k * h, *W1k = W1 + (long)k * C * h, *b1k = b1 + (long)k * C;
         /* forward: Z = X W0 (the block's rows), H1 = relu(A Z + b0), H = A H1 */
         for (int r = 0; r < n; r++) {
@@ -120,14 +120,17 @@ void gcn_steps(int K, int n_max, int d, int h, int C,
             }
         }
         block_spmm(a_crow, a_col, a_val, base, n, h, Z, H1);
-        for (long i = 0; i < (long)n * h; i++) { float u = H1[i] + b0k[i % h]; H1[i] = u > 0.f ? u : 0.f; }
+        for (int r = 0; r < n; r++) {              /* (row by row: an index modulo h per element costs a division each) */
+            float *hr1 = H1 + (long)r * h;
+            for (int j = 0; j < h; j++) { float u = hr1[j] + b0k[j]; hr1[j] = u > 0.f ? u : 0.f; }
+        }
         block_spmm(a_crow, a_col, a_val, base, n, h, H1, H);
         /* the loss's gradient w.r.t. the logits, row by row, and the head's gradients */
         for (int i = 0; i < C * h; i++) gW1[i] = 0.f;
         for (int c = 0; c < C; c++) gb1[c] = 0.f;
         for (int r = 0; r < n; r++) {
             const long R = base + r;
-            const float wce = ce_w[R], wkl = kl_w ? kl_w[R] : 0.f, *hk = hks ? hks + R * h : NULL;
+            const float wce = ce_w[R], wkl = kl_w ? kl_w[R] : 0.f, *hk = hks && h_slot[R] >= 0 ? hks + h_slot[R] * h : NULL;
             float *dh = dH + (long)r * h;
             for (int j = 0; j < h; j++) dh[j] = 0.f;
             if (wce == 0.f && wkl == 0.f) continue;
@@ -208,9 +211,17 @@ def _csr_parts(m: Tensor) -> list[Tensor]:
 class GCNStepKernel:
     "The C routine bound to a stack of clients (`ClientStack`) and their stacked parameters and Adam state (`StackedParams`, updated in place): per row of the stack, the cross-entropy weight `ce_weight` (0: not a training row), and for distillation the weight `kl_weight` and the teacher's probabilities `teacher_p` (`[rows, C]`); `setting` names the option that asked for it (in a missing compiler's error)."
     def __init__(self, params, stack, ce_weight: Tensor, kl_weight: Tensor | None = None, teacher_p: Tensor | None = None,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, setting: str = "local_kernel"):
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, setting: str = "local_kernel",
+                 head_rows: Tensor | None = None):
         self.lib, self.params, self.betas, self.eps = load_gcn_step_kernel(setting), params, betas, eps
         self.nnz = stack.feature_csr()[1].numel()
+        # the rows a head dropout mask covers: `head_rows` [K, t] places in each client's block (its training rows), slot k t + j
+        self.head_rows = head_rows
+        slot = torch.full((stack.num_clients * stack.n_max,), -1, dtype=torch.int64)
+        if head_rows is not None:
+            rows = (head_rows + torch.arange(stack.num_clients).unsqueeze(1) * stack.n_max).reshape(-1)
+            slot[rows] = torch.arange(rows.numel())
+        self._slot = slot
         where = [params.names.index(n) for n in GCN_STEP_PARAMS]
         K, d, h = params.tensors[where[0]].shape
         C = params.tensors[where[3]].size(1)
@@ -228,14 +239,14 @@ class GCNStepKernel:
         self.dims = [ctypes.c_int(v) for v in (K, n, d, h, C)]
 
     def steps(self, active: Tensor, n: int, x_keep: Tensor | None = None, h_keep: Tensor | None = None) -> None:
-        "`n` Adam steps of every `active` client (`[K]` bool), each client's back to back; their step counts advance by `n`. With dropout, each step's masks (0 or 1/(1-p)): `x_keep` `[n, nnz]` on the features' stored values (`feature_csr` order), `h_keep` `[n, rows, h]` on the head's input."
+        "`n` Adam steps of every `active` client (`[K]` bool), each client's back to back; their step counts advance by `n`. With dropout, each step's masks (0 or 1/(1-p)): `x_keep` `[n, nnz]` on the features' stored values (`feature_csr` order), `h_keep` `[n, K, t, h]` on the head's input at the rows `head_rows` (given when the kernel was made)."
         p, act = self.params, active.to(torch.uint8).contiguous()
         if x_keep is not None and tuple(x_keep.shape) != (n, self.nnz): raise ValueError(f"x_keep must be [{n}, {self.nnz}], got {list(x_keep.shape)}")
-        if h_keep is not None and tuple(h_keep.shape) != (n, self.dims[0].value * self.dims[1].value, self.dims[3].value):
-            raise ValueError(f"h_keep must be [{n}, rows, hidden], got {list(h_keep.shape)}")
+        if h_keep is not None and (self.head_rows is None or tuple(h_keep.shape) != (n, *self.head_rows.shape, self.dims[3].value)):
+            raise ValueError(f"h_keep must be [{n}, K, t, hidden] for the kernel's head_rows [K, t], got {list(h_keep.shape)}")
         masks = [None if t is None else t.float().contiguous() for t in (x_keep, h_keep)]
         self.lib.gcn_steps(*self.dims, *map(_ptr, self._graph[:-3]), *map(_ptr, self._graph[-3:]), _ptr(masks[0]),
-                           ctypes.c_long(self.nnz), _ptr(masks[1]), _ptr(act), _ptr(p.steps), ctypes.c_int(n), *map(_ptr, self._state),
+                           ctypes.c_long(self.nnz), _ptr(masks[1]), _ptr(self._slot), ctypes.c_long(self._slot.numel() if self.head_rows is None else self.head_rows.numel()), _ptr(act), _ptr(p.steps), ctypes.c_int(n), *map(_ptr, self._state),
                            ctypes.c_float(p.lr), ctypes.c_float(self.betas[0]), ctypes.c_float(self.betas[1]), ctypes.c_float(p.wd),
                            ctypes.c_float(self.eps), *map(_ptr, self._scratch))
         p._common_step = None                # the step counts moved outside StackedParams.step

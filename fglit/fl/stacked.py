@@ -428,18 +428,17 @@ class StackedClients:
                    or ("" if self.stack.x_blocks is not None else "it covers sparse features (the stack's block input)"))
             if why: warnings.warn(f"local_kernel='c' is not used: {why}; the torch path trains these clients", stacklevel=3)
             ce = self.stack.masks["train"].float() / self.stack.num_train[self.stack.client].clamp_min(1).float()
-            self._kernel = None if why else GCNStepKernel(self.params, self.stack, ce)
+            self._kernel = None if why else GCNStepKernel(self.params, self.stack, ce, head_rows=self.stack.train_rows()[0])
         return self._kernel
 
     def kernel_masks(self, epochs: int) -> tuple[Tensor | None, Tensor | None]:
-        "The dropout masks of `epochs` steps for `local_kernel`, drawn as `fit`'s torch path draws them, step by step: the features' stored values, then the head's input on each client's training rows (`[epochs, nnz]`, `[epochs, K n_max, hidden]`); None without dropout."
+        "The dropout masks of `epochs` steps for `local_kernel`, drawn as `fit`'s torch path draws them, step by step: the features' stored values, then the head's input on each client's training rows (`[epochs, nnz]`, `[epochs, K, t_max, hidden]`); None without dropout."
         p = self.spec.dropout
         if not p: return None, None
-        values, (places, _, _) = self.stack.x_blocks.matrix.values(), self.stack.train_rows()
-        K, n, h = self.stack.num_clients, self.stack.n_max, self.spec.hidden
-        drawn = [(dropout_keep(values, p), dropout_keep(values.new_empty(K, places.size(1), h), p)) for _ in range(epochs)]
-        head = values.new_zeros(epochs, K, n, h).scatter_(2, places[None, :, :, None].expand(epochs, -1, -1, h), torch.stack([d[1] for d in drawn]))
-        return torch.stack([d[0] for d in drawn]), head.view(epochs, K * n, h)
+        values, places = self.stack.x_blocks.matrix.values(), self.stack.train_rows()[0]
+        head = values.new_empty(*places.shape, self.spec.hidden)
+        drawn = [(dropout_keep(values, p), dropout_keep(head, p)) for _ in range(epochs)]
+        return torch.stack([d[0] for d in drawn]), torch.stack([d[1] for d in drawn])
 
     def local_step(self, messages: dict[int, Message], rnd: int) -> dict[int, Message]:
         cids = list(messages)
