@@ -1,6 +1,7 @@
 """Test helpers for runs on fglit's device (the CPU here, CUDA under `make test-gpu`)."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from fglit.core import get_device
 
@@ -55,8 +56,6 @@ def same_total_bytes(a: int, b: int, rtol: float = 0.001) -> bool:
     "Two runs' byte totals agree: exactly on the CPU, within `rtol` on CUDA (see `same_bytes`)."
     return a == b if DEV.type == "cpu" else abs(a - b) <= rtol * max(a, 1)
 
-
-import pytest  # noqa: E402
 
 # fglit's C routines (surrogate graph, stages, local steps) run on the CPU only: on CUDA a run that asks for one warns
 # and trains on torch, which the device-reason tests check; the tests that compare a routine with the torch path skip there

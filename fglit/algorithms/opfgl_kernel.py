@@ -250,7 +250,8 @@ class SurrogateKernel:
 # %% ../../nbs/20b_opfgl_kernel.ipynb #60e69325
 def check_kernel_setting(config, one_each: bool, device: torch.device) -> str:
     "Why the C routine cannot run this surrogate graph ('' when it can)."
-    if device_reason(device): return device_reason(device)
+    why = device_reason(device)
+    if why: return why
     if config.hops != 1: return f"it covers hops=1; this run has hops={config.hops}"
     if not one_each: return "it covers one surrogate node per class, every class present"
     return ""

@@ -214,18 +214,17 @@ class GCNStepKernel:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, setting: str = "local_kernel",
                  head_rows: Tensor | None = None):
         self.lib, self.params, self.betas, self.eps = load_gcn_step_kernel(setting), params, betas, eps
-        self.nnz = stack.feature_csr()[1].numel()
+        x, (x_crow, x_col, x_val) = stack.x, stack.feature_csr()
+        self.nnz = x_col.numel()
         # the rows a head dropout mask covers: `head_rows` [K, t] places in each client's block (its training rows), slot k t + j
-        self.head_rows = head_rows
-        slot = torch.full((stack.num_clients * stack.n_max,), -1, dtype=torch.int64)
+        self.head_rows, self._slot = head_rows, torch.full((stack.num_clients * stack.n_max,), -1, dtype=torch.int64)
         if head_rows is not None:
             rows = (head_rows + torch.arange(stack.num_clients).unsqueeze(1) * stack.n_max).reshape(-1)
-            slot[rows] = torch.arange(rows.numel())
-        self._slot = slot
+            self._slot[rows] = torch.arange(rows.numel())
+        self._head_slots = 0 if head_rows is None else head_rows.numel()
         where = [params.names.index(n) for n in GCN_STEP_PARAMS]
         K, d, h = params.tensors[where[0]].shape
         C = params.tensors[where[3]].size(1)
-        x, (x_crow, x_col, x_val) = stack.x, stack.feature_csr()
         opt = lambda t: None if t is None else t.float().contiguous()
         self._graph = [*_csr_parts(stack.adj.matrix), *_csr_parts(stack.adj.T), x_crow.contiguous(), x_col.contiguous(),
                        x_val.float().contiguous(), stack.sizes.to(torch.int64).contiguous(), stack.y.contiguous(),
@@ -245,15 +244,16 @@ class GCNStepKernel:
         if h_keep is not None and (self.head_rows is None or tuple(h_keep.shape) != (n, *self.head_rows.shape, self.dims[3].value)):
             raise ValueError(f"h_keep must be [{n}, K, t, hidden] for the kernel's head_rows [K, t], got {list(h_keep.shape)}")
         masks = [None if t is None else t.float().contiguous() for t in (x_keep, h_keep)]
-        self.lib.gcn_steps(*self.dims, *map(_ptr, self._graph[:-3]), *map(_ptr, self._graph[-3:]), _ptr(masks[0]),
-                           ctypes.c_long(self.nnz), _ptr(masks[1]), _ptr(self._slot), ctypes.c_long(self._slot.numel() if self.head_rows is None else self.head_rows.numel()), _ptr(act), _ptr(p.steps), ctypes.c_int(n), *map(_ptr, self._state),
+        self.lib.gcn_steps(*self.dims, *map(_ptr, self._graph), _ptr(masks[0]), ctypes.c_long(self.nnz), _ptr(masks[1]), _ptr(self._slot),
+                           ctypes.c_long(self._head_slots), _ptr(act), _ptr(p.steps), ctypes.c_int(n), *map(_ptr, self._state),
                            ctypes.c_float(p.lr), ctypes.c_float(self.betas[0]), ctypes.c_float(self.betas[1]), ctypes.c_float(p.wd),
                            ctypes.c_float(self.eps), *map(_ptr, self._scratch))
         p._common_step = None                # the step counts moved outside StackedParams.step
 
 def check_gcn_step_setting(spec, optimizer: str, device: torch.device) -> str:
     "Why the routine cannot train these clients' models ('' when it can): the CPU, the 2-layer `kipfgcn` without options, Adam."
-    if device_reason(device): return device_reason(device)
+    why = device_reason(device)
+    if why: return why
     if spec.name != "kipfgcn" or spec.layers != 2 or spec.options: return f"it covers the 2-layer kipfgcn; this run has {spec.layers}-layer {spec.name}"
     if optimizer != "adam": return f"it covers Adam; this run has {optimizer}"
     return ""

@@ -405,8 +405,9 @@ class StackedClients:
     def fit(self, epochs: int, active: Tensor) -> None:
         active = active & self.has_train
         if not bool(active.any()): return
-        if self.config.local_kernel == "c" and self.local_kernel() is not None:
-            self.local_kernel().steps(active, epochs, *self.kernel_masks(epochs))
+        kernel = self.local_kernel() if self.config.local_kernel == "c" else None
+        if kernel is not None:
+            kernel.steps(active, epochs, *self.kernel_masks(epochs))
             return
         for _ in range(epochs):
             self.params.zero_grad()
