@@ -108,9 +108,20 @@ class SparseOperand:
         "The transpose as a sparse CSR tensor (built once from the stored structure)."
         if self._t is None:
             n, m = self.matrix.shape
-            self._t = torch.sparse_csr_tensor(self._t_crow, self._t_col, self.matrix.values()[self._perm], (m, n),
+            self._t = torch.sparse_csr_tensor(self._t_crow, self._t_col, self.matrix.values().index_select(0, self._perm), (m, n),
                                               check_invariants=False)
         return self._t
+
+    def select_rows(self, rows: Tensor) -> "SparseOperand":
+        "The rows `rows` (`[r]` indices, repeats allowed) as a `[r, m]` operand: each keeps its stored entries in their order, so its product with a dense matrix is that row of the whole product, bit for bit."
+        crow = self.matrix.crow_indices()
+        counts = crow.diff().index_select(0, rows)
+        new_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        entry = (torch.repeat_interleave(crow.index_select(0, rows) - new_crow[:-1], counts)
+                 + torch.arange(int(new_crow[-1]), device=crow.device, dtype=crow.dtype))
+        return SparseOperand(torch.sparse_csr_tensor(new_crow, self.matrix.col_indices().index_select(0, entry),
+                                                     self.matrix.values().index_select(0, entry), (rows.numel(), self.matrix.size(1)),
+                                                     check_invariants=False))
 
     def with_values(self, values: Tensor) -> "SparseOperand":
         "Same sparsity pattern, new stored values (dropout): shares the transpose structure."

@@ -450,3 +450,34 @@ def test_the_local_kernel_names_what_it_does_not_cover():
     assert check_gcn_step_setting(spec, "adam", torch.device("cuda")) == "it runs on the CPU; this run is on cuda"
     assert "2-layer kipfgcn" in check_gcn_step_setting(ModelSpec("gcn", 10, 3, "node", 8, 2, 0.5), "adam", torch.device("cpu"))
     assert check_gcn_step_setting(spec, "sgd", torch.device("cpu")) == "it covers Adam; this run has sgd"
+
+
+@pytest.mark.parametrize("model", ["kipfgcn", "gcn"])
+def test_a_training_pass_without_embeddings_trains_as_the_pass_with_them(cora_clients, model):
+    "FedAvg's stacked clients read no embeddings, so their training pass propagates the last layer to the training rows alone (`reads_embeddings` False): three steps with dropout move the weights as a stack that computes every row's embeddings (same masks, same seeds) moves them."
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    from fglit.fl.loop import stacked_form
+    from fglit.fl.protocol import ModelSpec
+    ds, data = cora_clients
+    algo = get_algorithm("fedavg")
+    cfg = make_config(algo.config, {"engine": "stacked", "dropout": 0.5, "layers": 2})
+    spec = ModelSpec(model, ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
+    kind = stacked_form(algo.client)
+
+    class EveryRow(kind):
+        def extra_loss(self, emb, logits, active):
+            assert emb is not None and emb.shape[:2] == (self.stack.num_clients, self.stack.n_max)
+            return None
+
+    moved = {}
+    for cls in (kind, EveryRow):
+        torch.manual_seed(0)
+        stack = cls(data, cfg, spec, kind.initial_states(spec, len(data)))
+        start = stack.params.flat().clone()
+        torch.manual_seed(123)
+        stack.fit(3, torch.ones(len(data), dtype=torch.bool))
+        moved[cls] = (stack, stack.params.flat() - start)
+    (narrow, a), (every, b) = moved[kind], moved[EveryRow]
+    assert not narrow.reads_embeddings and every.reads_embeddings
+    assert float(a.abs().max()) > 1e-3 and float((a - b).abs().max()) <= 1e-6

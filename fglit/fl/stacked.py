@@ -60,6 +60,7 @@ class ClientStack:
         self.num_train = torch.bincount(self.client[self.masks["train"]], minlength=K)
         self._train_rows = None                 # train_rows(), made on first use
         self._feature_csr = None                # feature_csr(), made on first use
+        self._rows_adjacency = None             # rows_adjacency(rows) of the last `rows` asked
         self.x_blocks = self._block_input() if x.device.type == "cpu" and torch.count_nonzero(x) <= SPARSE_INPUT_DENSITY * x.numel() else None
 
     def train_rows(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -72,6 +73,14 @@ class ClientStack:
             labels = self.y.view(self.num_clients, self.n_max).gather(1, places)
             self._train_rows = (places, labels, real)
         return self._train_rows
+
+    def rows_adjacency(self, rows: Tensor) -> SparseOperand:
+        "The adjacency's rows at the places `rows` (`[K, t]`, each client's in its block) as a `[K t, K n_max]` operand (`SparseOperand.select_rows`), kept for the last `rows` asked (a run asks for its training rows, `train_rows`, at every step)."
+        kept = self._rows_adjacency
+        if kept is None or kept[0] is not rows:
+            flat = (rows + torch.arange(self.num_clients, device=rows.device).unsqueeze(1) * self.n_max).reshape(-1)
+            kept = self._rows_adjacency = (rows, self.adj.select_rows(flat))
+        return kept[1]
 
     def feature_csr(self) -> tuple[Tensor, Tensor, Tensor]:
         "The features `x` (`[K n_max, d]`) in CSR form: row pointers `[K n_max + 1]`, columns and values of the nonzeros in row-major order (made once)."
@@ -115,22 +124,27 @@ class ClientStack:
 
 # %% ../../nbs/fl/07_stacked.ipynb #0fe02a97
 def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False,
-                 rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                 rows: Tensor | None = None, embeddings: bool = True) -> tuple[Tensor | None, Tensor]:
     K, n_max = stack.num_clients, stack.n_max
-    h = None
-    for i in range(layers - propagate_out):
+    narrow = rows is not None and not embeddings     # the last propagation at `rows` alone (no embedding is returned)
+    def propagate(z: Tensor, last: bool) -> Tensor:
+        adj, n = (stack.rows_adjacency(rows), rows.size(1)) if narrow and last else (stack.adj, n_max)
+        return spmm(adj, z.reshape(K * n_max, -1)).view(K, n, -1)
+    h, convs = None, layers - propagate_out
+    for i in range(convs):
         W, b = params[f"encoder.convs.{i}.weight"], params[f"encoder.convs.{i}.bias"]
         z = stack.first_layer(W, p, training) if i == 0 else torch.bmm(dropout(h, p, training), W)
-        h = F.relu(spmm(stack.adj, z.reshape(K * n_max, -1)).view(K, n_max, -1) + b.unsqueeze(1))
-    if propagate_out: h = spmm(stack.adj, h.reshape(K * n_max, -1)).view(K, n_max, -1)
-    return h, _head(params, h, p, training, rows)
+        h = F.relu(propagate(z, i == convs - 1 and not propagate_out) + b.unsqueeze(1))
+    if propagate_out: h = propagate(h, True)
+    return (None, _head(params, h, p, training)) if narrow else (h, _head(params, h, p, training, rows))
 
-def _kipf_gcn_forward(params, stack, layers, p, training, rows=None):
+def _kipf_gcn_forward(params, stack, layers, p, training, rows=None, embeddings=True):
     "Kipf & Welling's form (`kipfgcn`): `layers - 1` GCN layers, then one more propagation before the head."
-    return _gcn_forward(params, stack, layers, p, training, propagate_out=True, rows=rows)
+    return _gcn_forward(params, stack, layers, p, training, propagate_out=True, rows=rows, embeddings=embeddings)
 
 
-def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, rows: Tensor | None = None,
+                 embeddings: bool = True) -> tuple[Tensor, Tensor]:
     h = None
     for i in range(layers):
         W, b = params[f"encoder.lins.{i}.weight"], params[f"encoder.lins.{i}.bias"]
@@ -271,9 +285,12 @@ class StackedParams:
         for r, v in zip(rows, vectors): groups.setdefault(id(v), (v, []))[1].append(r)
         for v, rs in groups.values():
             if v.numel() != sum(self.sizes): raise ValueError(f"state vector has {v.numel()} values, the model {sum(self.sizes)}")
-            idx = torch.tensor(rs, device=v.device)
+            every = rs == list(range(self.K))        # (FedAvg's download: one global vector for every client)
+            idx = None if every else torch.tensor(rs, device=self.steps.device)
             for t, part, s in zip(self.tensors, v.split(self.sizes), self.shapes):
-                t[idx] = part.view(1, *s).to(t.dtype)
+                part = part.view(1, *s).to(t.device, t.dtype).expand(len(rs), *s)
+                if every: t.copy_(part)
+                else: t.index_copy_(0, idx, part)
 
     def zero_grad(self) -> None:
         for t in self.tensors: t.grad = None
@@ -368,19 +385,24 @@ class StackedClients:
 
     # -- the loop ----------------------------------------------------------------------------
     def forward(self, params: dict | None = None, training: bool = True, stack: ClientStack | None = None,
-                rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s); with `rows` (`[K, t]` places in each client's block), logits `[K, t, C]` of those rows only."
+                rows: Tensor | None = None, embeddings: bool = True) -> tuple[Tensor | None, Tensor]:
+        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s); with `rows` (`[K, t]` places in each client's block), logits `[K, t, C]` of those rows only, and with `embeddings=False` no embeddings (None from the GCNs, which then skip the other rows' last propagation)."
         return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training,
-                               rows=rows)
+                               rows=rows, embeddings=embeddings)
 
     def embed(self, params: dict | None = None, training: bool = False) -> Tensor:
         "Embeddings `[K, n_max, h]` alone: the head computes no row (MOON's global and previous models, FedProto's class means read only these)."
         no_rows = torch.empty(self.stack.num_clients, 0, dtype=torch.long, device=self.stack.x.device)
         return self.forward(params, training, rows=no_rows)[0]
 
-    def train_forward(self, params: dict | None = None) -> tuple[Tensor, Tensor]:
-        "A training pass: embeddings of every row, and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
-        return self.forward(params, rows=self.stack.train_rows()[0])
+    def train_forward(self, params: dict | None = None) -> tuple[Tensor | None, Tensor]:
+        "A training pass: embeddings of every row (None unless `extra_loss` reads them), and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
+        return self.forward(params, rows=self.stack.train_rows()[0], embeddings=self.reads_embeddings)
+
+    @property
+    def reads_embeddings(self) -> bool:
+        "Whether `extra_loss` reads the training pass's embeddings: unless the class keeps the base one, which adds nothing."
+        return type(self).extra_loss is not StackedClients.extra_loss
 
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
         "Sum over the active clients (`active`: `[K]` bool, on any device) of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
