@@ -1,4 +1,7 @@
 """Test helpers for runs on fglit's device (the CPU here, CUDA under `make test-gpu`)."""
+import contextlib
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,6 +35,26 @@ def same_run(a: pd.DataFrame, b: pd.DataFrame, atol: float = 0.05) -> bool:
     diff = np.abs(a[num].to_numpy(float) - b[num].to_numpy(float))
     return a[rest].reset_index(drop=True).equals(b[rest].reset_index(drop=True)) and \
         bool(np.all((diff <= tol) | (np.isnan(diff) & a[num].isna().to_numpy() & b[num].isna().to_numpy())))
+
+
+@contextlib.contextmanager
+def deterministic_on_cuda():
+    """On CUDA, torch's deterministic kernels inside the block (`index_add_`, `scatter_add_` and cuBLAS sum in a fixed order;
+    an op without such a kernel warns instead of failing), so that two runs of one seed sum their floats alike. Nothing
+    changes on the CPU, whose kernels already are deterministic."""
+    import torch
+    if DEV.type != "cuda":
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")    # cuBLAS's fixed-order reductions (read where a handle is made)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if workspace is None: os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def same_tensor(a, b, atol: float = 1e-4) -> bool:

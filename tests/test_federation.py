@@ -71,6 +71,18 @@ def test_weighted_mean_matches_numpy(k, d, data):
     assert torch.equal(weighted_mean(vecs[:1], weights[:1]), vecs[0])      # one client: bit for bit
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 3 * 16384 + 7), st.integers(0, 2**31 - 1))
+def test_weighted_mean_in_slices_is_the_whole_products_sum(k, d, seed):
+    "weighted_mean slices wide vectors on the CPU (MEAN_COLUMNS columns at a time): the same floats as the one product."
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(k, d, generator=g)
+    vecs = list(base.unbind(0)) if seed % 2 else [v.clone() for v in base.unbind(0)]   # rows of one tensor, or apart
+    weights = (torch.rand(k, generator=g) * 100 + 0.5).tolist()
+    w = torch.tensor(weights)
+    assert torch.equal(weighted_mean(vecs, weights), (torch.stack(vecs) * (w / w.sum()).unsqueeze(1)).sum(0))
+
+
 def test_config_conversion_and_errors():
     cfg = make_config(FedConfig, {"rounds": 3.0, "lr": 1, "model": "gin", "client_fraction": 0.5})
     assert cfg.rounds == 3 and isinstance(cfg.rounds, int) and cfg.lr == 1.0

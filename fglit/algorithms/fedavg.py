@@ -245,8 +245,9 @@ class StackedFedAvg(StackedClients):
     "FedAvg's clients stacked: the downloaded global weights into each client's slice, its slice and training-set size back."
     own_init = False      # under full participation every client is sent the global weights in round 1
     def reply(self, cids: list[int], rnd: int) -> dict[int, Message]:
+        "Each client's slice, as rows of one buffer that the next reply writes over (the round loop aggregates a round's replies, and the uplink seals them, within the round; memory written every round stays in cache)."
         if not _federating(self.config, rnd): return {c: {} for c in cids}
-        flat = self.params.flat()
+        self._sent = flat = self.params.flat(out=getattr(self, "_sent", None))
         return {c: {"params": flat[c], "weight": float(self.data[c].num_train)} for c in cids}
 
 class StackedFedProx(StackedFedAvg):

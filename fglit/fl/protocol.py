@@ -23,9 +23,9 @@ from .local_data import Batch, LocalData
 
 
 # %% auto #0
-__all__ = ['flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec', 'mlp_spec', 'client_spec',
-           'fused_optimizer', 'fused_adam_works', 'StepAdam', 'adam_steps', 'make_optimizer', 'Client', 'check_setup',
-           'ClientInfo', 'Server']
+__all__ = ['MEAN_COLUMNS', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec', 'mlp_spec',
+           'client_spec', 'fused_optimizer', 'fused_adam_works', 'StepAdam', 'adam_steps', 'make_optimizer', 'Client',
+           'check_setup', 'ClientInfo', 'Server']
 
 # %% ../../nbs/fl/03_protocol.ipynb #0072fa3e
 def flat_state(model: nn.Module) -> Tensor:
@@ -49,10 +49,18 @@ def class_sums(emb: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor
     counts = torch.bincount(y, minlength=num_classes).to(emb.dtype)
     return sums, counts
 
+MEAN_COLUMNS = 16384     # weighted_mean on the CPU: columns per slice
+
 def weighted_mean(vectors: list[Tensor], weights: list[float]) -> Tensor:
-    "Sum_i (w_i / sum w) v_i over stacked vectors."
-    w = torch.as_tensor(weights, dtype=vectors[0].dtype, device=vectors[0].device)
-    return (stack_rows(vectors) * (w / w.sum()).unsqueeze(1)).sum(0)
+    "Sum_i (w_i / sum w) v_i over stacked vectors; on the CPU slice by slice of `MEAN_COLUMNS` columns, each column summed as the whole product's sum sums it (the same floats: a `[K, P]` product of fresh memory costs three times a slice kept in cache)."
+    rows = stack_rows(vectors)
+    w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
+    w = (w / w.sum()).unsqueeze(1)
+    if rows.device.type != "cpu" or rows.size(1) <= MEAN_COLUMNS: return (rows * w).sum(0)
+    out = rows.new_empty(rows.size(1))
+    for s in range(0, rows.size(1), MEAN_COLUMNS):
+        torch.sum(rows[:, s:s + MEAN_COLUMNS] * w, 0, out=out[s:s + MEAN_COLUMNS])
+    return out
 
 def stack_rows(vectors: list[Tensor]) -> Tensor:
     "`torch.stack(vectors)`, without the copy when they are consecutive rows of one 2-D tensor (the stacked engine's replies)."

@@ -61,6 +61,7 @@ class ClientStack:
         self._train_rows = None                 # train_rows(), made on first use
         self._feature_csr = None                # feature_csr(), made on first use
         self._rows_adjacency = None             # rows_adjacency(rows) of the last `rows` asked
+        self._feature_operand = None            # feature_operand(), made on first use
         self.x_blocks = self._block_input() if x.device.type == "cpu" and torch.count_nonzero(x) <= SPARSE_INPUT_DENSITY * x.numel() else None
 
     def train_rows(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -117,10 +118,17 @@ class ClientStack:
         return cls([SimpleNamespace(graph=g, masks=masks)] * copies)
 
     def first_layer(self, W: Tensor, p: float, training: bool) -> Tensor:
-        "Every client's $\\mathrm{dropout}(X_k) W_k$ (`W`: `[K, d, h]`) as `[K, n_max, h]`: one sparse product for sparse features, else a batched product."
+        "Every client's $\\mathrm{dropout}(X_k) W_k$ (`W`: `[K, d, h]`) as `[K, n_max, h]`: one sparse product for sparse features, else a batched product. One weight for every client (`W` expanded over the client axis, as the global model scored on every client's graph is) meets the features unblocked: the same sums, without a `[K d, h]` copy of it."
         K = self.num_clients
         if self.x_blocks is None: return torch.bmm(dropout(self.x.view(K, self.n_max, -1), p, training), W)
+        if W.stride(0) == 0: return spmm(dropout(self.feature_operand(), p, training), W[0]).view(K, self.n_max, -1)
         return spmm(dropout(self.x_blocks, p, training), W.reshape(-1, W.size(-1))).view(K, self.n_max, -1)
+
+    def feature_operand(self) -> SparseOperand:
+        "The features `[K n_max, d]` as a `SparseOperand` (`feature_csr`'s entries, in the block input's order), made once."
+        if self._feature_operand is None:
+            self._feature_operand = SparseOperand(torch.sparse_csr_tensor(*self.feature_csr(), self.x.shape, check_invariants=False))
+        return self._feature_operand
 
 # %% ../../nbs/fl/07_stacked.ipynb #0fe02a97
 def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False,
@@ -274,9 +282,10 @@ class StackedParams:
         "`[K, P]` rows (as `flat` gives) as named stacked tensors (views)."
         return {n: t.reshape(self.K, *s) for n, t, s in zip(self.names, flat.split(self.sizes, 1), self.shapes)}
 
-    def flat(self) -> Tensor:
-        "Every client's `flat_state` as one `[K, P]` tensor (detached)."
-        return torch.cat([t.detach().reshape(self.K, -1) for t in self.tensors], 1)
+    def flat(self, out: Tensor | None = None) -> Tensor:
+        "Every client's `flat_state` as one `[K, P]` tensor (detached), written into `out` if given."
+        parts = [t.detach().reshape(self.K, -1) for t in self.tensors]
+        return torch.cat(parts, 1) if out is None else torch.cat(parts, 1, out=out)
 
     @torch.no_grad()
     def load(self, rows: list[int], vectors: list[Tensor]) -> None:
