@@ -52,7 +52,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 def dropout_keep(x: Tensor, p: float) -> Tensor:
     "The mask `dropout` multiplies a CPU tensor like `x` by: 0 or 1/(1-p) per element, drawn with `rand_like` (a C routine that drops the same values draws its masks with it, in the same order: `fglit.fl.gcn_kernel`)."
-    return (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))      # in place on the draw: 1.0 or 0.0, then the scale
 
 class Dropout(nn.Module):
     "Module form of `dropout`."
