@@ -481,3 +481,17 @@ def test_a_training_pass_without_embeddings_trains_as_the_pass_with_them(cora_cl
     (narrow, a), (every, b) = moved[kind], moved[EveryRow]
     assert not narrow.reads_embeddings and every.reads_embeddings
     assert float(a.abs().max()) > 1e-3 and float((a - b).abs().max()) <= 1e-6
+
+
+def test_commit_ab_benchmark_runs_on_a_tiny_size(tmp_path):
+    "benchmarks/commit_ab.py against HEAD itself: one (before, after) pair of interpreters, a row per side, the same accuracy on both, and its scratch worktree removed."
+    out = tmp_path / "ab.csv"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "commit_ab.py"), "--before", "HEAD", "--repeats", "1", "--rounds", "2",
+                           "--local-epochs", "1", "--seeds", "0", "--clients", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out)
+    assert rows.side.tolist() == ["before", "after"] and rows.error.isna().all() and (rows.simulate_s > 0).all()
+    assert rows.accuracy.nunique() == 1 and "median simulate" in proc.stdout
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    assert "fglit-ab-" not in worktrees
