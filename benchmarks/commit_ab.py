@@ -3,7 +3,8 @@
 The host's speed moves by 20-40% over an hour, more than most changes a commit makes, so a change is measured against
 its parent in one run: `--repeats` rounds of (before, after), each a fresh interpreter at that commit (a git worktree
 in a scratch folder; the after side is this checkout) that builds the run once untimed and then times `simulate` for
-every seed. Rows go to results/bench/commit_ab.csv, one per (side, repeat, seed), with the accuracy, which a change
+every seed. Rows go to results/bench/commit_ab.csv, one per (side, repeat, seed), under the invocation's start time
+(`run`), with the accuracy, which a change
 meant to be exact must leave as it was.
 
     .venv/bin/python benchmarks/commit_ab.py --before 0d1e81c                 # FedAvg on Cora, stacked kipfgcn, 5 x 2 runs
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, RowLog, run_stage, short_commit  # noqa: E402
 
-FIELDS = ["date", "machine", "cpus", "load", "threads", "side", "commit", "repeat", "seed", "algorithm", "dataset", "partition",
+FIELDS = ["run", "date", "machine", "cpus", "load", "threads", "side", "commit", "repeat", "seed", "algorithm", "dataset", "partition",
           "clients", "rounds", "local_epochs", "model", "engine", "evaluation", "simulate_s", "accuracy", "error"]
 
 # one side's interpreter: the run built once untimed (imports, dataset, partition, first calls), then every seed timed
@@ -82,6 +83,7 @@ def main():
     args = dict(seeds=o.seeds, algorithm=o.algorithm, dataset=o.dataset, partition=o.partition, clients=o.clients,
                 rounds=o.rounds, local_epochs=o.local_epochs, model=o.model, engine=o.engine, evaluation=o.evaluation)
     log = RowLog(o.out, FIELDS)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")     # names this invocation's rows
     scratch = Path(tempfile.mkdtemp(prefix="fglit-ab-"))
     try:
         before, before_sha = worktree(o.before, scratch)
@@ -91,7 +93,7 @@ def main():
             for side, (tree, sha) in sides.items():
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
                 rows, error = run_stage(STAGE, args, env, o.timeout)
-                base = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
+                base = dict(run=started, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                             cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, side=side, commit=sha, repeat=repeat,
                             **{k: v for k, v in args.items() if k != "seeds"})
                 for r in rows:
