@@ -56,13 +56,14 @@ def run_in_group(cmd: list[str], timeout: float, **popen) -> subprocess.Complete
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_stage(code: str, args, env: dict, timeout: float) -> tuple[list[dict], str | None]:
+def run_stage(code: str, args, env: dict, timeout: float, cwd: Path | None = None) -> tuple[list[dict], str | None]:
     """Run `code` in a fresh interpreter (`python -c code '<args as JSON>'`, so its peak memory is its own): the JSON lines
     it printed, each a result, and the error in one line (the last line of stderr, the signal that killed it, or the time
-    limit), None when it ended well. Results printed before a failure are kept."""
+    limit), None when it ended well. Results printed before a failure are kept. `cwd`: the folder it runs in (`python -c`
+    imports from there first)."""
     try:
         out = run_in_group([sys.executable, "-c", code, json.dumps(args)], timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, env=env)
+                           text=True, env=env, cwd=cwd)
         stdout, rc, stderr = out.stdout, out.returncode, out.stderr
     except subprocess.TimeoutExpired as exc:
         stdout, rc, stderr = exc.stdout or "", None, ""

@@ -31,9 +31,12 @@ FIELDS = ["run", "date", "machine", "cpus", "load", "threads", "side", "commit",
 
 # one side's interpreter: the run built once untimed (imports, dataset, partition, first calls), then every seed timed
 STAGE = r"""
-import json, sys, time, torch
+import json, os, sys, time, torch
 a = json.loads(sys.argv[1])
 torch.set_num_threads(1)
+import fglit
+if not os.path.realpath(fglit.__file__).startswith(os.path.realpath(a["tree"]) + os.sep):
+    raise SystemExit(f"fglit was imported from {fglit.__file__}, not from the checkout {a['tree']}")
 from fglit.data import load_dataset
 from fglit.federation import run
 settings = {"lr": 0.01, "hidden": 64, "weight_decay": 5e-4, "dropout": 0.5, "layers": 2, "optimizer": "adam",
@@ -92,7 +95,7 @@ def main():
         for repeat in range(o.repeats):
             for side, (tree, sha) in sides.items():
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
-                rows, error = run_stage(STAGE, args, env, o.timeout)
+                rows, error = run_stage(STAGE, dict(args, tree=str(tree)), env, o.timeout, cwd=tree)   # (python -c imports from its folder first)
                 base = dict(run=started, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                             cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, side=side, commit=sha, repeat=repeat,
                             **{k: v for k, v in args.items() if k != "seeds"})
