@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -23,9 +24,9 @@ from .local_data import Batch, LocalData
 
 
 # %% auto #0
-__all__ = ['MEAN_COLUMNS', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec', 'mlp_spec',
-           'client_spec', 'fused_optimizer', 'fused_adam_works', 'StepAdam', 'adam_steps', 'make_optimizer', 'Client',
-           'check_setup', 'ClientInfo', 'Server']
+__all__ = ['MEAN_SCRATCH_FLOATS', 'flat_state', 'load_flat_state', 'class_sums', 'weighted_mean', 'stack_rows', 'ModelSpec',
+           'mlp_spec', 'client_spec', 'fused_optimizer', 'fused_adam_works', 'StepAdam', 'adam_steps', 'make_optimizer',
+           'Client', 'check_setup', 'ClientInfo', 'Server']
 
 # %% ../../nbs/fl/03_protocol.ipynb #0072fa3e
 def flat_state(model: nn.Module) -> Tensor:
@@ -49,18 +50,19 @@ def class_sums(emb: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor
     counts = torch.bincount(y, minlength=num_classes).to(emb.dtype)
     return sums, counts
 
-MEAN_COLUMNS = 16384     # weighted_mean on the CPU: columns per slice
+MEAN_SCRATCH_FLOATS = 1 << 22     # weighted_mean on the CPU: products up to this size go into a buffer kept per thread
+_mean_scratch = threading.local()
 
 def weighted_mean(vectors: list[Tensor], weights: list[float]) -> Tensor:
-    "Sum_i (w_i / sum w) v_i over stacked vectors; on the CPU slice by slice of `MEAN_COLUMNS` columns, each column summed as the whole product's sum sums it (the same floats: a `[K, P]` product of fresh memory costs three times a slice kept in cache)."
+    "Sum_i (w_i / sum w) v_i over stacked vectors. On the CPU a product of up to `MEAN_SCRATCH_FLOATS` values is written into a buffer kept for the next call of its shape (the same kernel on the same shape: the same floats; fresh memory costs three times as much to write as memory written a round ago)."
     rows = stack_rows(vectors)
     w = torch.as_tensor(weights, dtype=rows.dtype, device=rows.device)
     w = (w / w.sum()).unsqueeze(1)
-    if rows.device.type != "cpu" or rows.size(1) <= MEAN_COLUMNS: return (rows * w).sum(0)
-    out = rows.new_empty(rows.size(1))
-    for s in range(0, rows.size(1), MEAN_COLUMNS):
-        torch.sum(rows[:, s:s + MEAN_COLUMNS] * w, 0, out=out[s:s + MEAN_COLUMNS])
-    return out
+    if rows.device.type != "cpu" or rows.numel() > MEAN_SCRATCH_FLOATS or not rows.is_contiguous(): return (rows * w).sum(0)
+    buf = getattr(_mean_scratch, "buffer", None)
+    if buf is None or buf.shape != rows.shape or buf.dtype != rows.dtype:
+        buf = _mean_scratch.buffer = torch.empty_like(rows, memory_format=torch.contiguous_format)
+    return torch.mul(rows, w, out=buf).sum(0)
 
 def stack_rows(vectors: list[Tensor]) -> Tensor:
     "`torch.stack(vectors)`, without the copy when they are consecutive rows of one 2-D tensor (the stacked engine's replies)."
