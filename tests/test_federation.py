@@ -83,7 +83,7 @@ def test_weighted_mean_into_its_buffer_is_the_plain_products_sum(k, d, seed):
     plain = (torch.stack(vecs) * (w / w.sum()).unsqueeze(1)).sum(0)
     first = weighted_mean(vecs, weights)
     again = weighted_mean([v * 2 for v in vecs], weights)
-    assert torch.equal(first, plain) and torch.equal(again, (torch.stack(vecs) * 2 * (w / w.sum()).unsqueeze(1)).sum(0))
+    assert torch.equal(first, plain) and torch.equal(again, (torch.stack(vecs) * 2 * (w / w.sum()).unsqueeze(1)).sum(0))   # (first read after the second call)
 
 
 def test_config_conversion_and_errors():
