@@ -452,29 +452,32 @@ def test_the_local_kernel_names_what_it_does_not_cover():
     assert check_gcn_step_setting(spec, "sgd", torch.device("cpu")) == "it covers Adam; this run has sgd"
 
 
-@pytest.mark.parametrize("model", ["kipfgcn", "gcn"])
-def test_a_training_pass_without_embeddings_trains_as_the_pass_with_them(cora_clients, model):
-    "FedAvg's stacked clients read no embeddings, so their training pass propagates the last layer to the training rows alone (`reads_embeddings` False): three steps with dropout move the weights as a stack that computes every row's embeddings (same masks, same seeds) moves them."
+@pytest.mark.parametrize("algorithm,model", [("fedavg", "kipfgcn"), ("fedavg", "gcn"), ("fedprox", "kipfgcn")])
+def test_a_training_pass_without_embeddings_trains_as_the_pass_with_them(cora_clients, algorithm, model):
+    "FedAvg's and FedProx's stacked clients read no embeddings (`reads_embeddings` False), so their training pass propagates the last layer to the training rows alone: three steps with dropout move the weights as a stack made to compute every row's embeddings moves them (same masks, same seeds)."
     import torch
     from fglit.federation import get_algorithm, make_config
     from fglit.fl.loop import stacked_form
     from fglit.fl.protocol import ModelSpec
     ds, data = cora_clients
-    algo = get_algorithm("fedavg")
+    algo = get_algorithm(algorithm)
     cfg = make_config(algo.config, {"engine": "stacked", "dropout": 0.5, "layers": 2})
     spec = ModelSpec(model, ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
     kind = stacked_form(algo.client)
 
     class EveryRow(kind):
+        reads_embeddings = True
+
         def extra_loss(self, emb, logits, active):
             assert emb is not None and emb.shape[:2] == (self.stack.num_clients, self.stack.n_max)
-            return None
+            return super().extra_loss(emb, logits, active)
 
     moved = {}
     for cls in (kind, EveryRow):
         torch.manual_seed(0)
         stack = cls(data, cfg, spec, kind.initial_states(spec, len(data)))
         start = stack.params.flat().clone()
+        stack.receive(list(range(len(data))), [{"params": v} for v in start])     # (FedProx's anchor: the weights it was sent)
         torch.manual_seed(123)
         stack.fit(3, torch.ones(len(data), dtype=torch.bool))
         moved[cls] = (stack, stack.params.flat() - start)

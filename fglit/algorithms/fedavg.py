@@ -252,6 +252,8 @@ class StackedFedAvg(StackedClients):
 
 class StackedFedProx(StackedFedAvg):
     "FedProx's clients stacked: $\\frac{\\mu}{2}\\lVert\\theta_k - w^t\\rVert^2$ summed over the clients."
+    reads_embeddings = False      # its term reads the weights alone: the training pass skips the rows the loss does not read
+
     def receive(self, cids, messages) -> None:
         super().receive(cids, messages)
         self.anchor = [t.detach().clone() for t in self.params.tensors]

@@ -410,7 +410,7 @@ class StackedClients:
 
     @property
     def reads_embeddings(self) -> bool:
-        "Whether `extra_loss` reads the training pass's embeddings: unless the class keeps the base one, which adds nothing."
+        "Whether `extra_loss` reads the training pass's embeddings: unless the class keeps the base one, which adds nothing (a subclass whose term reads the weights alone says False, as FedProx's does)."
         return type(self).extra_loss is not StackedClients.extra_loss
 
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
