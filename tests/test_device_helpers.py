@@ -72,3 +72,24 @@ def test_same_bytes_on_the_cpu_is_exact():
         pytest.skip("the CPU branch")
     assert _device.same_bytes(comm(), comm()) and not _device.same_bytes(comm(), comm(94090))
     assert not _device.same_total_bytes(10, 11)
+
+
+def test_deterministic_on_cuda_turns_the_flag_on_inside_and_restores_it(as_if_cuda, monkeypatch):
+    "deterministic_on_cuda (the privacy-on-Flower comparison's guard): torch's deterministic kernels, warn-only, and cuBLAS's fixed workspace inside the block; the flags and the environment as they were after it, an exception too."
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    with _device.deterministic_on_cuda():
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert _device.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) == before
+    assert "CUBLAS_WORKSPACE_CONFIG" not in _device.os.environ
+    with pytest.raises(RuntimeError, match="inside"), _device.deterministic_on_cuda():
+        raise RuntimeError("inside")
+    assert torch.are_deterministic_algorithms_enabled() == before[0]
+
+
+def test_deterministic_on_cuda_leaves_the_cpu_alone(monkeypatch):
+    monkeypatch.setattr(_device, "DEV", torch.device("cpu"))
+    before = torch.are_deterministic_algorithms_enabled()
+    with _device.deterministic_on_cuda():
+        assert torch.are_deterministic_algorithms_enabled() == before
