@@ -372,7 +372,8 @@ def test_train_loss_refuses_logits_of_every_row(cora_metis8):
 from _device import DEV, cpu_routine  # noqa: E402
 
 
-def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg"):
+def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg", model: str = "kipfgcn", subclass=None):
+    "The algorithm's stacked clients on `cora_clients` (2-layer `model`, dropout 0.5), drawn from seed 0; `subclass(kind)` gives a class to build instead of the stacked form `kind`."
     import torch
     from fglit.federation import get_algorithm, make_config
     from fglit.fl.loop import stacked_form
@@ -380,10 +381,10 @@ def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg"):
     ds, data = cora_clients
     algo = get_algorithm(algorithm)
     cfg = make_config(algo.config, {"engine": "stacked", "local_kernel": local_kernel, "dropout": 0.5, "layers": 2})
-    spec = ModelSpec("kipfgcn", ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
+    spec = ModelSpec(model, ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
     kind = stacked_form(algo.client)
     torch.manual_seed(0)
-    return kind(data, cfg, spec, kind.initial_states(spec, len(data)))
+    return (kind if subclass is None else subclass(kind))(data, cfg, spec, kind.initial_states(spec, len(data)))
 
 
 @cpu_routine
@@ -456,32 +457,25 @@ def test_the_local_kernel_names_what_it_does_not_cover():
 def test_a_training_pass_without_embeddings_trains_as_the_pass_with_them(cora_clients, algorithm, model):
     "FedAvg's and FedProx's stacked clients read no embeddings (`reads_embeddings` False), so their training pass propagates the last layer to the training rows alone: three steps with dropout move the weights as a stack made to compute every row's embeddings moves them (same masks, same seeds)."
     import torch
-    from fglit.federation import get_algorithm, make_config
-    from fglit.fl.loop import stacked_form
-    from fglit.fl.protocol import ModelSpec
-    ds, data = cora_clients
-    algo = get_algorithm(algorithm)
-    cfg = make_config(algo.config, {"engine": "stacked", "dropout": 0.5, "layers": 2})
-    spec = ModelSpec(model, ds.num_features, ds.num_classes, "node", 64, 2, 0.5)
-    kind = stacked_form(algo.client)
 
-    class EveryRow(kind):
-        reads_embeddings = True
+    def every_row(kind):
+        class EveryRow(kind):
+            reads_embeddings = True
 
-        def extra_loss(self, emb, logits, active):
-            assert emb is not None and emb.shape[:2] == (self.stack.num_clients, self.stack.n_max)
-            return super().extra_loss(emb, logits, active)
+            def extra_loss(self, emb, logits, active):
+                assert emb is not None and emb.shape[:2] == (self.stack.num_clients, self.stack.n_max)
+                return super().extra_loss(emb, logits, active)
+        return EveryRow
 
-    moved = {}
-    for cls in (kind, EveryRow):
-        torch.manual_seed(0)
-        stack = cls(data, cfg, spec, kind.initial_states(spec, len(data)))
+    moved = []
+    for subclass in (None, every_row):
+        stack = _fedavg_stack(cora_clients, "torch", algorithm, model, subclass)
         start = stack.params.flat().clone()
-        stack.receive(list(range(len(data))), [{"params": v} for v in start])     # (FedProx's anchor: the weights it was sent)
+        stack.receive(list(range(len(start))), [{"params": v} for v in start])     # (FedProx's anchor: the weights it was sent)
         torch.manual_seed(123)
-        stack.fit(3, torch.ones(len(data), dtype=torch.bool))
-        moved[cls] = (stack, stack.params.flat() - start)
-    (narrow, a), (every, b) = moved[kind], moved[EveryRow]
+        stack.fit(3, torch.ones(len(start), dtype=torch.bool))
+        moved.append((stack, stack.params.flat() - start))
+    (narrow, a), (every, b) = moved
     assert not narrow.reads_embeddings and every.reads_embeddings
     move = float(a.abs().max())
     assert move > 1e-3 and float((a - b).abs().max()) <= (1e-6 if DEV.type == "cpu" else 0.02 * move)   # CUDA's sparse sums: other rounding

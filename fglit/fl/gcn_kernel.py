@@ -219,7 +219,7 @@ class GCNStepKernel:
         # the rows a head dropout mask covers: `head_rows` [K, t] places in each client's block (its training rows), slot k t + j
         self.head_rows, self._slot = head_rows, torch.full((stack.num_clients * stack.n_max,), -1, dtype=torch.int64)
         if head_rows is not None:
-            rows = (head_rows + torch.arange(stack.num_clients).unsqueeze(1) * stack.n_max).reshape(-1)
+            rows = stack.rows_at(head_rows)
             self._slot[rows] = torch.arange(rows.numel())
         self._head_slots = 0 if head_rows is None else head_rows.numel()
         where = [params.names.index(n) for n in GCN_STEP_PARAMS]

@@ -79,9 +79,12 @@ class ClientStack:
         "The adjacency's rows at the places `rows` (`[K, t]`, each client's in its block) as a `[K t, K n_max]` operand (`SparseOperand.select_rows`), kept for the last `rows` asked (a run asks for its training rows, `train_rows`, at every step)."
         kept = self._rows_adjacency
         if kept is None or kept[0] is not rows:
-            flat = (rows + torch.arange(self.num_clients, device=rows.device).unsqueeze(1) * self.n_max).reshape(-1)
-            kept = self._rows_adjacency = (rows, self.adj.select_rows(flat))
+            kept = self._rows_adjacency = (rows, self.adj.select_rows(self.rows_at(rows)))
         return kept[1]
+
+    def rows_at(self, places: Tensor) -> Tensor:
+        "The stack's rows (`[K t]`, client by client) of the places `places` (`[K, t]`, each client's in its block)."
+        return (places + torch.arange(self.num_clients, device=places.device).unsqueeze(1) * self.n_max).reshape(-1)
 
     def feature_csr(self) -> tuple[Tensor, Tensor, Tensor]:
         "The features `x` (`[K n_max, d]`) in CSR form: row pointers `[K n_max + 1]`, columns and values of the nonzeros in row-major order (made once)."
