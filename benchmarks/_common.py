@@ -36,6 +36,14 @@ def modified(*paths: str, repo: Path | None = None) -> bool | None:
         return None
 
 
+def fedavg_cora_settings(evaluation: str, engine: str, lr: float = 0.01, hidden: int = 64, weight_decay: float = 5e-4,
+                         dropout: float = 0.5, local_kernel: str = "torch", auc: bool = False) -> dict:
+    "fglit's settings for FedAvg on Cora as OpenFGL's defaults run it (Adam, full participation, the best-validation round, no AUC), shared by the side-by-side (`fedavg_vs_openfgl.py`) and `commit_ab.py` so the two time the same run."
+    return {"lr": lr, "hidden": hidden, "weight_decay": weight_decay, "dropout": dropout, "layers": 2, "optimizer": "adam",
+            "client_fraction": 1.0, "selection": "best_val", "evaluation": evaluation, "mode": "pack", "engine": engine,
+            **({"local_kernel": local_kernel} if local_kernel != "torch" else {}), "auc": auc}
+
+
 def stage_env() -> dict:
     "The environment a benchmark stage runs in: one torch thread, and this checkout importable."
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

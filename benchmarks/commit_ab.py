@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, RowLog, run_stage, short_commit  # noqa: E402
+from _common import REPO, RowLog, fedavg_cora_settings, run_stage, short_commit  # noqa: E402
 
 FIELDS = ["run", "date", "machine", "cpus", "load", "threads", "side", "commit", "repeat", "seed", "algorithm", "dataset", "partition",
           "clients", "rounds", "local_epochs", "model", "engine", "evaluation", "simulate_s", "accuracy", "error"]
@@ -39,12 +39,9 @@ if not os.path.realpath(fglit.__file__).startswith(os.path.realpath(a["tree"]) +
     raise SystemExit(f"fglit was imported from {fglit.__file__}, not from the checkout {a['tree']}")
 from fglit.data import load_dataset
 from fglit.federation import run
-settings = {"lr": 0.01, "hidden": 64, "weight_decay": 5e-4, "dropout": 0.5, "layers": 2, "optimizer": "adam",
-            "client_fraction": 1.0, "selection": "best_val", "evaluation": a["evaluation"], "mode": "pack",
-            "engine": a["engine"], "auc": False}
 ds = load_dataset(a["dataset"])
 kw = dict(dataset=ds, partition=a["partition"], clients=a["clients"], rounds=a["rounds"], local_epochs=a["local_epochs"],
-          model=a["model"], settings=settings, progress=False)
+          model=a["model"], settings=a["settings"], progress=False)
 run(a["algorithm"], seeds=[a["seeds"][0]], **kw)
 for seed in a["seeds"]:
     r = run(a["algorithm"], seeds=[seed], **kw)
@@ -85,6 +82,7 @@ def main():
     o = cli()
     args = dict(seeds=o.seeds, algorithm=o.algorithm, dataset=o.dataset, partition=o.partition, clients=o.clients,
                 rounds=o.rounds, local_epochs=o.local_epochs, model=o.model, engine=o.engine, evaluation=o.evaluation)
+    settings = fedavg_cora_settings(o.evaluation, o.engine)      # the side-by-side's settings (fedavg_vs_openfgl.py), on both sides
     log = RowLog(o.out, FIELDS)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")     # names this invocation's rows
     scratch = Path(tempfile.mkdtemp(prefix="fglit-ab-"))
@@ -95,7 +93,7 @@ def main():
         for repeat in range(o.repeats):
             for side, (tree, sha) in sides.items():
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
-                rows, error = run_stage(STAGE, dict(args, tree=str(tree)), env, o.timeout, cwd=tree)   # (python -c imports from its folder first)
+                rows, error = run_stage(STAGE, dict(args, tree=str(tree), settings=settings), env, o.timeout, cwd=tree)   # (python -c imports from its folder first)
                 base = dict(run=started, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), machine=platform.node(),
                             cpus=os.cpu_count(), load=round(os.getloadavg()[0], 2), threads=1, side=side, commit=sha, repeat=repeat,
                             **{k: v for k, v in args.items() if k != "seeds"})

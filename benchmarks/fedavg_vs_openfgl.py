@@ -32,7 +32,7 @@ OPENFGL_PY = HERE / ".venv-openfgl" / "bin" / "python"
 OPENFGL_SCRIPT = HERE / "_openfgl_fedavg.py"
 WORK = HERE / "work"
 sys.path.insert(0, str(REPO))
-from benchmarks._common import modified  # noqa: E402
+from benchmarks._common import fedavg_cora_settings, modified  # noqa: E402
 
 # evaluation protocol -> OpenFGL's evaluation_mode / fglit's `evaluation` setting
 PROTOCOLS = {
@@ -142,11 +142,8 @@ def run_fglit(o, api, seed: int, protocol: str) -> dict:
     run, load_dataset, partition = api
     cache = Path(os.environ["FGLIT_CACHE"])
     shutil.rmtree(cache, ignore_errors=True)       # cold: no cached partition or processed dataset
-    settings = {"lr": o.lr, "hidden": o.hidden, "weight_decay": o.weight_decay, "dropout": o.dropout,
-                "layers": 2, "optimizer": "adam", "client_fraction": 1.0, "selection": "best_val",
-                "evaluation": PROTOCOLS[protocol][1], "mode": "pack", "engine": o.engine,
-                **({"local_kernel": o.local_kernel} if o.local_kernel != "torch" else {}),
-                "auc": o.auc == "on"}
+    settings = fedavg_cora_settings(PROTOCOLS[protocol][1], o.engine, lr=o.lr, hidden=o.hidden, weight_decay=o.weight_decay,
+                                    dropout=o.dropout, local_kernel=o.local_kernel, auc=o.auc == "on")
     try:
         t0 = time.perf_counter()
         ds = load_dataset("Cora")
