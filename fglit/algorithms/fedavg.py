@@ -252,7 +252,7 @@ class StackedFedAvg(StackedClients):
 
 class StackedFedProx(StackedFedAvg):
     "FedProx's clients stacked: $\\frac{\\mu}{2}\\lVert\\theta_k - w^t\\rVert^2$ summed over the clients."
-    reads_embeddings = False      # its term reads the weights alone: the training pass skips the rows the loss does not read
+    training_embeddings = "none"      # its term reads the weights alone: the training pass skips the rows the loss does not read
 
     def receive(self, cids, messages) -> None:
         super().receive(cids, messages)
@@ -320,6 +320,8 @@ ScaffoldClient.stacked = StackedScaffold
 # %% ../../nbs/10_fedavg.ipynb #a9abc463
 class StackedMoon(StackedFedAvg):
     "MOON's clients stacked: each client's global and previous weights as stacked slices, the contrastive term summed over the clients."
+    training_embeddings = "rows"      # the term reads the training rows' embeddings alone: every model propagates its last layer to them alone
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.has_previous = torch.zeros(self.params.K, dtype=torch.bool, device=self.stack.x.device)
@@ -342,15 +344,16 @@ class StackedMoon(StackedFedAvg):
         self.has_previous[first] = True
 
     def extra_loss(self, emb, logits, active) -> Tensor:
-        s = self.stack
+        "`emb`: `[K, t_max, h]` at each client's training rows (`train_rows`), where the global and previous models are embedded too."
+        places, _, real = self.stack.train_rows()
         with torch.no_grad():
-            z_global = self.embed(self.global_params)
-            z_previous = self.embed(self.params.unflatten(self.previous))
-        rows = s.masks["train"] & active[s.client]
-        e, flat = emb.reshape(-1, emb.size(-1))[rows], lambda z: z.reshape(-1, z.size(-1))[rows]
-        sims = torch.stack([F.cosine_similarity(e, flat(z_global), dim=-1), F.cosine_similarity(e, flat(z_previous), dim=-1)], 1)
+            z_global = self.embed(self.global_params, rows=places)
+            z_previous = self.embed(self.params.unflatten(self.previous), rows=places)
+        keep = real & active.unsqueeze(1)                                       # [K, t_max]: the active clients' real training rows
+        e = emb[keep]
+        sims = torch.stack([F.cosine_similarity(e, z_global[keep], dim=-1), F.cosine_similarity(e, z_previous[keep], dim=-1)], 1)
         per_row = F.cross_entropy(sims / self.config.temperature, torch.zeros(len(e), dtype=torch.long, device=e.device), reduction="none")
-        return self.config.mu * (per_row / s.num_train[s.client[rows]].to(per_row.dtype)).sum()
+        return self.config.mu * (per_row / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_row.dtype)).sum()
 
     def reply(self, cids, rnd):
         out = super().reply(cids, rnd)

@@ -237,6 +237,8 @@ register_algorithm("fedtgp", FedTGPClient, FedTGPServer, FedTGPConfig,
 # %% ../../nbs/11_prototypes.ipynb #a973acc9
 class StackedFedProto(StackedClients):
     "FedProto's clients stacked: the prototype regulariser summed over the clients; per-class embedding sums and counts of every client from one pass."
+    training_embeddings = "rows"      # the regulariser reads the training rows' embeddings alone, and so do the class means
+
     def __init__(self, data, config, spec, init):
         if config.heterogeneous_models: raise ConfigError("engine='stacked' needs one model for every client; heterogeneous_models gives each its own")
         if config.inference != "head": raise ConfigError("engine='stacked' scores with each client's head; inference='prototype' runs sequentially")
@@ -255,25 +257,29 @@ class StackedFedProto(StackedClients):
             self.mask[idx] = False
 
     def extra_loss(self, emb, logits, active) -> Tensor | None:
+        "`emb`: `[K, t_max, h]` at each client's training rows (`train_rows`)."
         if self.config.lam == 0: return None
-        s = self.stack
-        rows = s.masks["train"] & active[s.client]
-        c, y = s.client[rows], s.y[rows]
+        c, y, rows = self._train_items(active)
         keep = self.mask[c, y]                                        # items whose class has a global prototype
         if not bool(keep.any()): return None
         c, y = c[keep], y[keep]
-        sq = ((emb.reshape(-1, emb.size(-1))[rows][keep] - self.protos[c, y]) ** 2).sum(1)
+        sq = ((emb[rows][keep] - self.protos[c, y]) ** 2).sum(1)
         kept = torch.bincount(c, minlength=self.params.K).to(sq.dtype)  # each client's MSE is its own mean over items and dimensions
         return self.config.lam * (sq / (kept[c] * emb.size(-1))).sum()
+
+    def _train_items(self, active: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        "The (active) clients' training items in node order, client by client: their clients, their labels, and where they sit in `[K, t_max]` (`train_rows`)."
+        places, labels, real = self.stack.train_rows()
+        rows = real if active is None else real & active.unsqueeze(1)
+        return torch.arange(self.params.K, device=rows.device).unsqueeze(1).expand_as(rows)[rows], labels[rows], rows
 
     @torch.no_grad()
     def class_statistics(self) -> tuple[Tensor, Tensor]:
         "Every client's per-class sums `[K, C, d]` and counts `[K, C]` of its training embeddings (eval mode)."
-        s, C = self.stack, self.spec.num_classes
-        emb = self.embed()
-        rows = s.masks["train"]
-        key = s.client[rows] * C + s.y[rows]
-        e = emb.reshape(-1, emb.size(-1))[rows]
+        C = self.spec.num_classes
+        c, y, rows = self._train_items()
+        key = c * C + y
+        e = self.embed(rows=self.stack.train_rows()[0])[rows]
         sums = e.new_zeros(self.params.K * C, e.size(1)).index_add_(0, key, e).view(self.params.K, C, -1)
         counts = torch.bincount(key, minlength=self.params.K * C).to(e.dtype).view(self.params.K, C)
         return sums, counts

@@ -22,8 +22,8 @@ from .messages import Message
 from .protocol import ModelSpec, flat_state, fused_adam_works
 
 # %% auto #0
-__all__ = ['STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients', 'stack_budget',
-           'stacks_label', 'StackGroups', 'compare_engines']
+__all__ = ['EMBEDDINGS', 'STACKED_FORWARDS', 'ClientStack', 'stackable', 'require_stackable', 'StackedParams', 'StackedClients',
+           'stack_budget', 'stacks_label', 'StackGroups', 'compare_engines']
 
 # %% ../../nbs/fl/07_stacked.ipynb #04b9446b
 class ClientStack:
@@ -134,10 +134,12 @@ class ClientStack:
         return self._feature_operand
 
 # %% ../../nbs/fl/07_stacked.ipynb #0fe02a97
+EMBEDDINGS = ("all", "rows", "none")     # what a forward returns as embeddings: every row's, `rows`' alone, none
+
 def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, propagate_out: bool = False,
-                 rows: Tensor | None = None, embeddings: bool = True) -> tuple[Tensor | None, Tensor]:
+                 rows: Tensor | None = None, embeddings: str = "all") -> tuple[Tensor | None, Tensor]:
     K, n_max = stack.num_clients, stack.n_max
-    narrow = rows is not None and not embeddings     # the last propagation at `rows` alone (no embedding is returned)
+    narrow = rows is not None and embeddings != "all"     # the last propagation at `rows` alone
     def propagate(z: Tensor, last: bool) -> Tensor:
         adj, n = (stack.rows_adjacency(rows), rows.size(1)) if narrow and last else (stack.adj, n_max)
         return spmm(adj, z.reshape(K * n_max, -1)).view(K, n, -1)
@@ -147,21 +149,24 @@ def _gcn_forward(params: dict, stack: ClientStack, layers: int, p: float, traini
         z = stack.first_layer(W, p, training) if i == 0 else torch.bmm(dropout(h, p, training), W)
         h = F.relu(propagate(z, i == convs - 1 and not propagate_out) + b.unsqueeze(1))
     if propagate_out: h = propagate(h, True)
-    return (None, _head(params, h, p, training)) if narrow else (h, _head(params, h, p, training, rows))
+    if narrow: return (h if embeddings == "rows" else None), _head(params, h, p, training)
+    return h, _head(params, h, p, training, rows)
 
-def _kipf_gcn_forward(params, stack, layers, p, training, rows=None, embeddings=True):
+def _kipf_gcn_forward(params, stack, layers, p, training, rows=None, embeddings="all"):
     "Kipf & Welling's form (`kipfgcn`): `layers - 1` GCN layers, then one more propagation before the head."
     return _gcn_forward(params, stack, layers, p, training, propagate_out=True, rows=rows, embeddings=embeddings)
 
 
 def _mlp_forward(params: dict, stack: ClientStack, layers: int, p: float, training: bool, rows: Tensor | None = None,
-                 embeddings: bool = True) -> tuple[Tensor, Tensor]:
+                 embeddings: str = "all") -> tuple[Tensor | None, Tensor]:
     h = None
     for i in range(layers):
         W, b = params[f"encoder.lins.{i}.weight"], params[f"encoder.lins.{i}.bias"]
         z = stack.first_layer(W.transpose(1, 2), p, training) if i == 0 else torch.bmm(dropout(h, p, training), W.transpose(1, 2))
         h = F.relu(z + b.unsqueeze(1))
-    return h, _head(params, h, p, training, rows)
+    if rows is None or embeddings == "all": return h, _head(params, h, p, training, rows)
+    h = _gather_rows(h, rows)
+    return (h if embeddings == "rows" else None), _head(params, h, p, training)
 
 
 class _StackedLinear(torch.autograd.Function):
@@ -181,8 +186,12 @@ class _StackedLinear(torch.autograd.Function):
 def _head(params, h, p, training, rows: Tensor | None = None):
     "The head on every row of `h` (`[K, n, d]`), or on each client's rows `rows` (`[K, t]` places in its block) alone."
     W, b = params["head.1.weight"], params["head.1.bias"]
-    if rows is not None: h = h.gather(1, rows.unsqueeze(-1).expand(-1, -1, h.size(-1)))
+    if rows is not None: h = _gather_rows(h, rows)
     return _StackedLinear.apply(dropout(h, p, training), W, b)
+
+def _gather_rows(h: Tensor, rows: Tensor) -> Tensor:
+    "Each client's rows `rows` (`[K, t]` places in its block) of `h` (`[K, n, d]`), as `[K, t, d]`."
+    return h.gather(1, rows.unsqueeze(-1).expand(-1, -1, h.size(-1)))
 
 
 STACKED_FORWARDS: dict[str, Callable] = {"gcn": _gcn_forward, "kipfgcn": _kipf_gcn_forward, "mlp": _mlp_forward}
@@ -350,6 +359,8 @@ class StackedClients:
 
     def __init__(self, data: list[LocalData], config, spec: ModelSpec, init: list[Tensor]):
         require_stackable(spec)
+        if self.training_embeddings not in EMBEDDINGS:
+            raise ValueError(f"{type(self).__name__}.training_embeddings is {self.training_embeddings!r}; it takes one of: {', '.join(EMBEDDINGS)}")
         self.data, self.config, self.spec = data, config, spec
         self._stack: ClientStack | None = None
         self.params = StackedParams(spec, init, config)
@@ -385,8 +396,8 @@ class StackedClients:
         got = [(c, m["params"]) for c, m in zip(cids, messages) if "params" in m]
         if got: self.params.load([c for c, _ in got], [v for _, v in got])
 
-    def extra_loss(self, emb: Tensor, logits: Tensor, active: Tensor) -> Tensor | None:
-        "The sum over the active clients of each one's extra loss term (`emb` of every row, `logits` of the training rows: `train_forward`'s); None by default."
+    def extra_loss(self, emb: Tensor | None, logits: Tensor, active: Tensor) -> Tensor | None:
+        "The sum over the active clients of each one's extra loss term (`emb` as `training_embeddings` says, `logits` of the training rows: `train_forward`'s); None by default."
         return None
 
     def after_backward(self, active: Tensor) -> None:
@@ -397,24 +408,25 @@ class StackedClients:
 
     # -- the loop ----------------------------------------------------------------------------
     def forward(self, params: dict | None = None, training: bool = True, stack: ClientStack | None = None,
-                rows: Tensor | None = None, embeddings: bool = True) -> tuple[Tensor | None, Tensor]:
-        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s); with `rows` (`[K, t]` places in each client's block), logits `[K, t, C]` of those rows only, and with `embeddings=False` no embeddings (None from the GCNs, which then skip the other rows' last propagation)."
+                rows: Tensor | None = None, embeddings: str = "all") -> tuple[Tensor | None, Tensor]:
+        "Embeddings `[K, n_max, h]` and logits `[K, n_max, C]` of every client's model on its own graph (or on `stack`'s); with `rows` (`[K, t]` places in each client's block), logits `[K, t, C]` of those rows only, and with `embeddings='rows'` (`[K, t, h]`) or `'none'` (None) the embeddings of those rows alone or of none, the GCNs then skipping the other rows' last propagation."
         return self.forward_fn(params or self.params.as_dict(), stack or self.stack, self.spec.layers, self.spec.dropout, training,
                                rows=rows, embeddings=embeddings)
 
-    def embed(self, params: dict | None = None, training: bool = False) -> Tensor:
-        "Embeddings `[K, n_max, h]` alone: the head computes no row (MOON's global and previous models, FedProto's class means read only these)."
+    def embed(self, params: dict | None = None, training: bool = False, rows: Tensor | None = None) -> Tensor:
+        "Embeddings alone: `[K, n_max, h]` of every row, the head computing none; with `rows` (`[K, t]` places in each client's block), `[K, t, h]` of those rows, which the GCNs propagate their last layer to alone (MOON's global and previous models and FedProto's class means read the training rows', `train_rows`)."
+        if rows is not None: return self.forward(params, training, rows=rows, embeddings="rows")[0]
         no_rows = torch.empty(self.stack.num_clients, 0, dtype=torch.long, device=self.stack.x.device)
         return self.forward(params, training, rows=no_rows)[0]
 
     def train_forward(self, params: dict | None = None) -> tuple[Tensor | None, Tensor]:
-        "A training pass: embeddings of every row (None unless `extra_loss` reads them), and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
-        return self.forward(params, rows=self.stack.train_rows()[0], embeddings=self.reads_embeddings)
+        "A training pass: the embeddings `extra_loss` reads (`training_embeddings`), and logits `[K, t_max, C]` of each client's training rows alone (`ClientStack.train_rows`), the only ones the loss reads, as the sequential model computes its head on the training nodes alone."
+        return self.forward(params, rows=self.stack.train_rows()[0], embeddings=self.training_embeddings)
 
     @property
-    def reads_embeddings(self) -> bool:
-        "Whether `extra_loss` reads the training pass's embeddings: unless the class keeps the base one, which adds nothing (a subclass whose term reads the weights alone says False, as FedProx's does)."
-        return type(self).extra_loss is not StackedClients.extra_loss
+    def training_embeddings(self) -> str:
+        "The embeddings the training pass hands `extra_loss` (one of `EMBEDDINGS`): 'none' where the class keeps the base `extra_loss`, which reads none, else 'all' (`[K, n_max, h]`). A subclass says 'rows' where its term reads the training rows' alone (`[K, t_max, h]` in `train_rows`' places, as MOON's and FedProto's do), 'none' where it reads the weights alone (FedProx's): the GCNs then propagate their last layer to the training rows alone."
+        return "none" if type(self).extra_loss is StackedClients.extra_loss else "all"
 
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
         "Sum over the active clients (`active`: `[K]` bool, on any device) of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
