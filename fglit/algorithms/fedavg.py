@@ -349,7 +349,7 @@ class StackedMoon(StackedFedAvg):
         with torch.no_grad():
             z_global = self.embed(self.global_params, rows=places)
             z_previous = self.embed(self.params.unflatten(self.previous), rows=places)
-        keep = real & active.unsqueeze(1)                                       # [K, t_max]: the active clients' real training rows
+        keep = real & active.to(real.device).unsqueeze(1)                       # [K, t_max]: the active clients' real training rows
         e = emb[keep]
         sims = torch.stack([F.cosine_similarity(e, z_global[keep], dim=-1), F.cosine_similarity(e, z_previous[keep], dim=-1)], 1)
         per_row = F.cross_entropy(sims / self.config.temperature, torch.zeros(len(e), dtype=torch.long, device=e.device), reduction="none")

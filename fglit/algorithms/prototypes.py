@@ -270,7 +270,7 @@ class StackedFedProto(StackedClients):
     def _train_items(self, active: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         "The (active) clients' training items in node order, client by client: their clients, their labels, and where they sit in `[K, t_max]` (`train_rows`)."
         places, labels, real = self.stack.train_rows()
-        rows = real if active is None else real & active.unsqueeze(1)
+        rows = real if active is None else real & active.to(real.device).unsqueeze(1)
         return torch.arange(self.params.K, device=rows.device).unsqueeze(1).expand_as(rows)[rows], labels[rows], rows
 
     @torch.no_grad()
