@@ -504,6 +504,26 @@ def test_a_training_pass_at_the_training_rows_trains_as_the_pass_over_every_row(
             assert torch.equal(x, y) if exact else torch.allclose(x, y, rtol=1e-4, atol=1e-4)
 
 
+def test_moons_term_embeds_each_rounds_global_and_previous_models(cora_clients):
+    "Stacked MOON embeds the global and previous models once a round (both are fixed within it, and embedded without dropout): at every round's steps they are that round's, as a fresh embedding of the models it was sent and trained last gives them."
+    import torch
+    stack = _fedavg_stack(cora_clients, "torch", "moon")
+    K, places = stack.stack.num_clients, stack.stack.train_rows()[0]
+    active = torch.ones(K, dtype=torch.bool, device=DEV)
+    g = torch.Generator().manual_seed(3)
+    for rnd in (1, 2, 3):
+        sent = stack.params.flat().clone() + 0.05 * torch.randn(stack.params.flat().shape, generator=g).to(DEV)   # another global model each round
+        stack.receive(list(range(K)), [{"params": v} for v in sent])
+        previous = stack.previous.clone()
+        torch.manual_seed(rnd)
+        stack.fit(2, active)
+        z_global, z_previous = stack._anchors
+        with torch.no_grad():
+            assert torch.equal(z_global, stack.embed(stack.params.unflatten(sent), rows=places)), rnd
+            assert torch.equal(z_previous, stack.embed(stack.params.unflatten(previous), rows=places)), rnd
+        stack.reply(list(range(K)), rnd)
+
+
 def test_a_stack_declaring_unknown_training_embeddings_is_refused(cora_clients):
     "`training_embeddings` outside `EMBEDDINGS` stops the stack's construction with an error that lists the choices."
     def misdeclared(kind):

@@ -342,13 +342,15 @@ class StackedMoon(StackedFedAvg):
         first = idx[~self.has_previous[idx]]
         self.previous[first] = self.params.flat()[first]                        # a client's first download is its first "previous" model
         self.has_previous[first] = True
+        self._anchors = None                                                     # this round's global and previous embeddings, made at its first step
 
     def extra_loss(self, emb, logits, active) -> Tensor:
         "`emb`: `[K, t_max, h]` at each client's training rows (`train_rows`), where the global and previous models are embedded too."
         places, _, real = self.stack.train_rows()
-        with torch.no_grad():
-            z_global = self.embed(self.global_params, rows=places)
-            z_previous = self.embed(self.params.unflatten(self.previous), rows=places)
+        if getattr(self, "_anchors", None) is None:      # both models are fixed for the round, and embed without dropout: one pass each
+            with torch.no_grad():
+                self._anchors = (self.embed(self.global_params, rows=places), self.embed(self.params.unflatten(self.previous), rows=places))
+        z_global, z_previous = self._anchors
         keep = real & active.to(real.device).unsqueeze(1)                       # [K, t_max]: the active clients' real training rows
         e = emb[keep]
         sims = torch.stack([F.cosine_similarity(e, z_global[keep], dim=-1), F.cosine_similarity(e, z_previous[keep], dim=-1)], 1)
