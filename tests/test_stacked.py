@@ -518,9 +518,10 @@ def test_moons_term_embeds_each_rounds_global_and_previous_models(cora_clients):
         torch.manual_seed(rnd)
         stack.fit(2, active)
         z_global, z_previous = stack._anchors
+        same = torch.equal if DEV.type == "cpu" else (lambda a, b: torch.allclose(a, b, atol=1e-5))   # (CUDA's sparse sums may round otherwise)
         with torch.no_grad():
-            assert torch.equal(z_global, stack.embed(stack.params.unflatten(sent), rows=places)), rnd
-            assert torch.equal(z_previous, stack.embed(stack.params.unflatten(previous), rows=places)), rnd
+            assert same(z_global, stack.embed(stack.params.unflatten(sent), rows=places)), rnd
+            assert same(z_previous, stack.embed(stack.params.unflatten(previous), rows=places)), rnd
         stack.reply(list(range(K)), rnd)
 
 
