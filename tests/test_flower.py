@@ -213,7 +213,40 @@ def test_simulation_without_ray_is_refused_before_anything_starts(monkeypatch, t
     assert getattr(sim, "superlink", None) is None and not any(tmp_path.iterdir())
 
 
+def test_cli_backend_flower_sim_runs_each_seed_through_flowers_simulation(shared_root, monkeypatch, capsys):
+    """`fglit run --backend flower-sim` hands each seed, with the command's settings, to `run_flower_simulation` and prints
+    one result of all the seeds, as the in-process command prints its own (here the engine is stood in for by the
+    in-process run of each seed, so the wiring is checked in seconds; the real engine: the test below, in `make test-long`,
+    and `test_secure_aggregation_in_flowers_simulation_engine`)."""
+    import dataclasses, json
+    import pandas as pd
+    import fglit.flower
+    from fglit.cli import main
+    from fglit.flower import DROPPED_COLUMNS, FlowerRunResult
+    calls = []
+
+    def stand_in(algorithm, dataset, partition, clients, rounds=None, seed=0, settings=None, root=None, **kw):
+        calls.append(dict(algorithm=algorithm, dataset=dataset, partition=str(partition), clients=clients, rounds=rounds, seed=seed,
+                          settings=settings, root=root))
+        res = run(algorithm, dataset, partition, clients, rounds=rounds, seeds=(seed,), settings=settings, root=root, progress=False)
+        return FlowerRunResult(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)}, backend="flower-sim",
+                               dropped=pd.DataFrame(columns=DROPPED_COLUMNS))
+    monkeypatch.setattr(fglit.flower, "run_flower_simulation", stand_in)
+    args = ["run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2", "--seeds", "0", "1",
+            "--local-epochs", "2", "--set", "lr=0.02", "--root", str(shared_root), "--json"]
+    printed = []
+    for extra in ([], ["--backend", "flower-sim"]):
+        assert main(args + extra) == 0
+        printed.append(json.loads(capsys.readouterr().out))
+    assert [c["seed"] for c in calls] == [0, 1]
+    assert all(c["algorithm"] == "fedavg" and c["dataset"] == "Cora" and c["partition"] == "louvain" and c["clients"] == 3
+               and c["rounds"] == 2 and c["settings"] == {"lr": 0.02, "local_epochs": 2} and c["root"] == str(shared_root) for c in calls)
+    local, flower = printed
+    assert flower["accuracy_mean"] == local["accuracy_mean"] and flower["bytes_up"] == local["bytes_up"] and flower["dropped"] == []
+
+
 @pytest.mark.slow
+@pytest.mark.long     # a minute of Flower's simulation engine from the command line: `make test-long` (the wiring: the test above)
 def test_cli_backend_flower_sim_matches_inprocess(shared_root):
     import json, os, subprocess, sys
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (flwr[simulation])")
