@@ -525,6 +525,38 @@ def test_moons_term_embeds_each_rounds_global_and_previous_models(cora_clients):
         stack.reply(list(range(K)), rnd)
 
 
+def test_sequential_moon_embeds_a_rounds_models_once_per_batch_as_at_every_step(cora_clients):
+    "The sequential MOON client embeds the global and previous models once per batch and round (a node task's one batch: once a round): three rounds, each with another download and dropout, leave its weights as a client that embeds them at every step leaves them."
+    import torch
+    from fglit.federation import get_algorithm, make_config
+    from fglit.fl.protocol import ModelSpec, flat_state
+    ds, data = cora_clients
+    algo = get_algorithm("moon")
+    cfg = make_config(algo.config, {"local_epochs": 3, "dropout": 0.5})
+    spec = ModelSpec("gcn", ds.num_features, ds.num_classes, "node", 32, 2, 0.5)
+
+    class EveryStep(algo.client):
+        def extra_loss(self, b, emb, logits):
+            self._anchors = None
+            return super().extra_loss(b, emb, logits)
+
+    clients = []
+    for kind in (algo.client, EveryStep):
+        torch.manual_seed(0)
+        clients.append(kind(0, data[0], cfg, spec))
+    g = torch.Generator().manual_seed(5)
+    sent = flat_state(clients[0].model)
+    for rnd in (1, 2, 3):
+        sent = sent + 0.05 * torch.randn(sent.shape, generator=g).to(sent.device)
+        replies = []
+        for c in clients:
+            torch.manual_seed(rnd)
+            replies.append(c.local_step({"params": sent.clone()}, rnd)["params"])
+        once, every = replies
+        assert torch.equal(once, every) if DEV.type == "cpu" else torch.allclose(once, every, atol=1e-5), rnd
+        assert clients[0]._anchors is None                       # nothing of the round is kept (a Flower node pickles its client)
+
+
 def test_a_stack_declaring_unknown_training_embeddings_is_refused(cora_clients):
     "`training_embeddings` outside `EMBEDDINGS` stops the stack's construction with an error that lists the choices."
     def misdeclared(kind):

@@ -224,11 +224,14 @@ class MoonClient(FedAvgClient):
         if self.previous_model is None:
             self.previous_model = self.spec.build().eval()
             load_flat_state(self.previous_model, message["params"])
+        self._anchors = None
 
     def extra_loss(self, b, emb: Tensor, logits: Tensor) -> Tensor:
-        with torch.no_grad():
-            z_global, _ = self.embed(self.global_model, b)
-            z_previous, _ = self.embed(self.previous_model, b)
+        anchors = getattr(self, "_anchors", None)
+        if anchors is None or anchors[0] is not b:     # both models are fixed for the round and embed without dropout: once per batch
+            with torch.no_grad():                      # (a node task's one batch, its subgraph, at every step)
+                anchors = self._anchors = (b, self.embed(self.global_model, b)[0], self.embed(self.previous_model, b)[0])
+        _, z_global, z_previous = anchors
         sims = torch.stack([F.cosine_similarity(emb, z_global, dim=-1), F.cosine_similarity(emb, z_previous, dim=-1)], 1)
         target = torch.zeros(len(emb), dtype=torch.long, device=emb.device)
         return self.config.mu * F.cross_entropy(sims / self.config.temperature, target)
@@ -236,6 +239,7 @@ class MoonClient(FedAvgClient):
     def local_step(self, message: Message, rnd: int) -> Message:
         reply = super().local_step(message, rnd)
         load_flat_state(self.previous_model, reply["params"])
+        self._anchors = None                           # (nothing of the round is kept: a Flower node pickles its client)
         return reply
 
 register_algorithm("moon", MoonClient, FedAvgServer, MoonConfig, paper="Li, He & Song, CVPR 2021", sums=WEIGHTED_PARAMS)
