@@ -217,6 +217,7 @@ class MoonClient(FedAvgClient):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.global_model, self.previous_model = self.spec.build().eval(), None
+        self._anchors = None                # (batch, its global and previous embeddings) of this round (`extra_loss`)
 
     def receive(self, message: Message) -> None:
         super().receive(message)
@@ -227,7 +228,7 @@ class MoonClient(FedAvgClient):
         self._anchors = None
 
     def extra_loss(self, b, emb: Tensor, logits: Tensor) -> Tensor:
-        anchors = getattr(self, "_anchors", None)
+        anchors = self._anchors
         if anchors is None or anchors[0] is not b:     # both models are fixed for the round and embed without dropout: once per batch
             with torch.no_grad():                      # (a node task's one batch, its subgraph, at every step)
                 anchors = self._anchors = (b, self.embed(self.global_model, b)[0], self.embed(self.previous_model, b)[0])
@@ -330,6 +331,7 @@ class StackedMoon(StackedFedAvg):
         super().__init__(*args, **kwargs)
         self.has_previous = torch.zeros(self.params.K, dtype=torch.bool, device=self.stack.x.device)
         self.previous = self.params.flat()          # a client's rows are set at its first download
+        self._anchors = None                        # a round's global and previous embeddings (`extra_loss`)
 
     @classmethod
     def initial_states(cls, spec, n):
@@ -350,16 +352,16 @@ class StackedMoon(StackedFedAvg):
 
     def extra_loss(self, emb, logits, active) -> Tensor:
         "`emb`: `[K, t_max, h]` at each client's training rows (`train_rows`), where the global and previous models are embedded too."
-        places, _, real = self.stack.train_rows()
-        if getattr(self, "_anchors", None) is None:      # both models are fixed for the round, and embed without dropout: one pass each
+        if self._anchors is None:                        # both models are fixed for the round, and embed without dropout: one pass each
+            places = self.stack.train_rows()[0]
             with torch.no_grad():
                 self._anchors = (self.embed(self.global_params, rows=places), self.embed(self.params.unflatten(self.previous), rows=places))
         z_global, z_previous = self._anchors
-        keep = real & active.to(real.device).unsqueeze(1)                       # [K, t_max]: the active clients' real training rows
+        clients, _, keep = self.train_items(active)                             # the active clients' training items
         e = emb[keep]
         sims = torch.stack([F.cosine_similarity(e, z_global[keep], dim=-1), F.cosine_similarity(e, z_previous[keep], dim=-1)], 1)
         per_row = F.cross_entropy(sims / self.config.temperature, torch.zeros(len(e), dtype=torch.long, device=e.device), reduction="none")
-        return self.config.mu * (per_row / self.stack.num_train.unsqueeze(1).expand_as(keep)[keep].to(per_row.dtype)).sum()
+        return self.config.mu * (per_row / self.stack.num_train[clients].to(per_row.dtype)).sum()
 
     def reply(self, cids, rnd):
         out = super().reply(cids, rnd)

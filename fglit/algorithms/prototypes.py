@@ -259,7 +259,7 @@ class StackedFedProto(StackedClients):
     def extra_loss(self, emb, logits, active) -> Tensor | None:
         "`emb`: `[K, t_max, h]` at each client's training rows (`train_rows`)."
         if self.config.lam == 0: return None
-        c, y, rows = self._train_items(active)
+        c, y, rows = self.train_items(active)
         keep = self.mask[c, y]                                        # items whose class has a global prototype
         if not bool(keep.any()): return None
         c, y = c[keep], y[keep]
@@ -267,17 +267,11 @@ class StackedFedProto(StackedClients):
         kept = torch.bincount(c, minlength=self.params.K).to(sq.dtype)  # each client's MSE is its own mean over items and dimensions
         return self.config.lam * (sq / (kept[c] * emb.size(-1))).sum()
 
-    def _train_items(self, active: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        "The (active) clients' training items in node order, client by client: their clients, their labels, and where they sit in `[K, t_max]` (`train_rows`)."
-        places, labels, real = self.stack.train_rows()
-        rows = real if active is None else real & active.to(real.device).unsqueeze(1)
-        return torch.arange(self.params.K, device=rows.device).unsqueeze(1).expand_as(rows)[rows], labels[rows], rows
-
     @torch.no_grad()
     def class_statistics(self) -> tuple[Tensor, Tensor]:
         "Every client's per-class sums `[K, C, d]` and counts `[K, C]` of its training embeddings (eval mode)."
         C = self.spec.num_classes
-        c, y, rows = self._train_items()
+        c, y, rows = self.train_items()
         key = c * C + y
         e = self.embed(rows=self.stack.train_rows()[0])[rows]
         sums = e.new_zeros(self.params.K * C, e.size(1)).index_add_(0, key, e).view(self.params.K, C, -1)

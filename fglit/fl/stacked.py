@@ -430,21 +430,26 @@ class StackedClients:
 
     def train_loss(self, logits: Tensor, active: Tensor) -> Tensor:
         "Sum over the active clients (`active`: `[K]` bool, on any device) of each one's mean cross-entropy on its training nodes (`logits` of `train_forward`)."
-        _, labels, real = self.stack.train_rows()
+        labels = self.stack.train_rows()[1]
         if logits.shape[:2] != labels.shape:
             raise ValueError(f"train_loss takes train_forward's logits, [K, t_max, C] with [K, t_max] = {list(labels.shape)}; got {list(logits.shape)}")
-        idx, kept_labels, counts = self._loss_rows(active, labels, real, logits.dtype)
+        idx, kept_labels, counts = self._loss_rows(active, labels, logits.dtype)
         per_node = F.cross_entropy(logits.reshape(-1, logits.size(-1)).index_select(0, idx), kept_labels, reduction="none")
         return (per_node / counts).sum()
 
-    def _loss_rows(self, active: Tensor, labels: Tensor, real: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
-        "The flat places in `[K, t_max]` of the active clients' training rows, their labels and their clients' training counts, made once per pattern of `active` (a run's epochs share one)."
+    def train_items(self, active: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        "The (active: `[K]` bool, on any device) clients' training items in node order, client by client: their clients, their labels, and which places of `[K, t_max]` (`train_rows`) they are, as a mask."
+        _, labels, real = self.stack.train_rows()
+        keep = real if active is None else real & active.to(real.device).unsqueeze(1)
+        return torch.arange(self.stack.num_clients, device=keep.device).unsqueeze(1).expand_as(keep)[keep], labels[keep], keep
+
+    def _loss_rows(self, active: Tensor, labels: Tensor, dtype) -> tuple[Tensor, Tensor, Tensor]:
+        "The flat places in `[K, t_max]` of the active clients' training items (`train_items`), their labels and their clients' training counts, made once per pattern of `active` (a run's epochs share one)."
         cached = getattr(self, "_loss_rows_cache", None)
         if cached is not None and cached[0].shape == active.shape and torch.equal(cached[0], active) and cached[1] is labels:
             return cached[2]
-        keep = (real & active.to(real.device).unsqueeze(1)).view(-1)
-        idx = keep.nonzero().squeeze(1)
-        rows = (idx, labels.view(-1).index_select(0, idx), self.stack.num_train.repeat_interleave(labels.size(1)).index_select(0, idx).to(dtype))
+        clients, kept_labels, keep = self.train_items(active)
+        rows = (keep.view(-1).nonzero().squeeze(1), kept_labels, self.stack.num_train[clients].to(dtype))
         self._loss_rows_cache = (active.clone(), labels, rows)
         return rows
 
