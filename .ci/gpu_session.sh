@@ -23,23 +23,26 @@ else PYTHON=/opt/torch/.venv/bin/python3 bash .ci/offline_venv.sh .gpu/whl > "$O
   tail -1 "$OUT/setup.log"; fi
 echo "setup took $((SECONDS - START)) s"
 LIMIT=${LIMIT:-420}
+# pytest's per-test limit where pytest-timeout is installed (the GPU image has it; a DEV=cpu try on a machine without it runs without)
+pytest_timeout=(); .venv/bin/python -c "import pytest_timeout" 2> /dev/null && pytest_timeout=(--timeout 300)
 NB_JOBS=${NB_JOBS:-5}; PYTEST_JOBS=${PYTEST_JOBS:-11}
 if [ "${BENCH:-0}" != 0 ]; then
   # benchmarks/suite.py at --size short (SUITE_SIZE) on $DEV and this machine's CPU, SUITE_JOBS at once, within BENCH_LIMIT;
   # the tests start after it (a quiet machine for the timings). OpenFGL's wheels carried in .gpu/openfgl (download_wheels.py
   # --openfgl) go into .venv, over the image's CUDA torch, for the side-by-side on CUDA. SUITE_ARGS: more suite options.
+  eval "suite_args=(${SUITE_ARGS:-})"   # split as a shell would: --args 'NAME=ARGS' keeps its ARGS in one word
   mkdir -p "$OUT/bench"; BLIMIT=${BENCH_LIMIT:-$LIMIT}; devices=$DEV; [ "$DEV" = cpu ] || devices="$DEV cpu"; ofpy=()
   if ls .gpu/openfgl/*.whl > /dev/null 2>&1; then
     .venv/bin/python -m pip install -q --no-index --no-deps .gpu/openfgl/*.whl > "$OUT/bench/openfgl_setup.log" 2>&1 && ofpy=(--openfgl-python "$PWD/.venv/bin/python"); fi
   timeout $((BLIMIT + 30)) .venv/bin/python benchmarks/suite.py --size "${SUITE_SIZE:-short}" --devices $devices --jobs "${SUITE_JOBS:-6}" \
-      --budget "$BLIMIT" --out-dir "$OUT/bench" --work /tmp/fglit-bench "${ofpy[@]}" ${SUITE_ARGS:-} > "$OUT/bench/log_suite.txt" 2>&1
+      --budget "$BLIMIT" --out-dir "$OUT/bench" --work /tmp/fglit-bench "${ofpy[@]}" "${suite_args[@]}" > "$OUT/bench/log_suite.txt" 2>&1
   echo "suite rc=$? after $((SECONDS - START)) s"; tail -20 "$OUT/bench/log_suite.txt"
 fi
 case "${MODE:-both}" in
 both)
   ( FGLIT_DEVICE=$DEV timeout "$LIMIT" .venv/bin/nbdev_test --flags gpu --timing --n_workers 5 > "$OUT/notebooks.log" 2>&1
     echo "nbdev_test rc=$?" >> "$OUT/notebooks.log" ) &
-  FGLIT_DEVICE=$DEV timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n 10 --timeout 300 -p no:cacheprovider \
+  FGLIT_DEVICE=$DEV timeout "$LIMIT" .venv/bin/python -m pytest tests -q --gpu -n 10 "${pytest_timeout[@]}" -p no:cacheprovider \
       --durations=15 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait ;;
@@ -52,11 +55,11 @@ split)
   ( timeout "$LIMIT" xargs -P "$NB_JOBS" -I{} bash -c 'log=/tmp/nb/$(basename {}).log; t=$SECONDS; .venv/bin/nbdev_test --path {} --flags gpu --n_workers 1 > $log 2>&1; rc=$?
         echo "{} rc=$rc $((SECONDS - t))s" >> $NBOUT/notebooks.log; [ $rc = 0 ] || flock $NBOUT/.lock -c "cat $log >> $NBOUT/notebooks_failed.log" || cat $log >> $NBOUT/notebooks_failed.log' < /tmp/nb/list ) &
   if [ -n "${TESTS:-}" ]; then mapfile -t ids < <(grep -v '^#' "$TESTS"); else ids=(tests); fi   # one id per line (# comments), spaces kept
-  timeout "$LIMIT" .venv/bin/python -m pytest "${ids[@]}" -q --gpu -m "${PYTEST_MARKS:-not long}" -n "$PYTEST_JOBS" --timeout 300 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+  timeout "$LIMIT" .venv/bin/python -m pytest "${ids[@]}" -q --gpu -m "${PYTEST_MARKS:-not long}" -n "$PYTEST_JOBS" "${pytest_timeout[@]}" -p no:cacheprovider > "$OUT/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest.log"
   wait; rm -f "$OUT/.lock" ;;
 make)
-  PYTEST_ADDOPTS="-n 12 --timeout 300 -p no:cacheprovider --durations=15 --junitxml=$OUT/pytest.xml" \
+  PYTEST_ADDOPTS="-n 12 ${pytest_timeout[*]} -p no:cacheprovider --durations=15 --junitxml=$OUT/pytest.xml" \
       timeout "$LIMIT" make test-gpu > "$OUT/make_test_gpu.log" 2>&1
   echo "make test-gpu rc=$?" >> "$OUT/make_test_gpu.log" ;;
 none) ;;

@@ -101,3 +101,27 @@ def test_a_stopped_benchmark_takes_its_child_processes_with_it(tmp_path):
     with open(tmp_path / "log.txt", "w") as log, pytest.raises(subprocess.TimeoutExpired):
         suite.run_in_group([sys.executable, "-c", code], 5, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     assert_process_ends(int(pid_file.read_text()), "the benchmark's child")
+
+
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / ".installed").exists(), reason="runs .ci/gpu_session.sh over the checkout's .venv (make setup)")
+def test_gpu_session_passes_suite_args_as_a_shell_would_and_runs_the_tests_it_is_given(tmp_path):
+    """.ci/gpu_session.sh, tried with DEV=cpu in a copy of the checkout's layout (links): SUITE_ARGS reaches the suite split
+    as a shell would split it (an --args 'NAME=ARGS' override keeps its ARGS together), and MODE=split runs the test ids
+    listed in TESTS, with pytest's per-test limit only where pytest-timeout is installed."""
+    import os
+    import tarfile
+    work, out = tmp_path / "checkout", tmp_path / "out"
+    work.mkdir()
+    for name in (".ci", ".venv", "benchmarks", "fglit", "tests", "nbs", "settings.ini"):
+        (work / name).symlink_to(REPO / name)
+    (work / ".gpu" / "data" / "Cora").mkdir(parents=True)                     # the datasets "unpacked": no tar to open
+    (tmp_path / "owed.txt").write_text("# one quick test\ntests/test_bench_suite.py::test_gpu_tags\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTHONPATH")} | dict(
+        DEV="cpu", OUT=str(out), MODE="split", NOTEBOOKS="no-such-notebook", TESTS=str(tmp_path / "owed.txt"), PYTEST_JOBS="1",
+        BENCH="suite", SUITE_ARGS="--list --only opfgl_engines --args 'opfgl_engines=--seeds 0 --engines stacked'")
+    proc = subprocess.run(["bash", ".ci/gpu_session.sh"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in (out / "pytest.log").read_text()
+    with tarfile.open(out / "bench.tgz") as tar:
+        listed = tar.extractfile("bench/log_suite.txt").read().decode()
+    assert "opfgl_engines.py --seeds 0 --engines stacked --out" in listed, listed
