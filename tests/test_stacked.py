@@ -369,7 +369,7 @@ def test_train_loss_refuses_logits_of_every_row(cora_metis8):
         group.train_loss(every, active)
 
 
-from _device import DEV, cpu_routine  # noqa: E402
+from _device import DEV, cpu_routine, same_tensor  # noqa: E402
 
 
 def _fedavg_stack(cora_clients, local_kernel: str, algorithm: str = "fedavg", model: str = "kipfgcn", subclass=None):
@@ -518,10 +518,9 @@ def test_moons_term_embeds_each_rounds_global_and_previous_models(cora_clients):
         torch.manual_seed(rnd)
         stack.fit(2, active)
         z_global, z_previous = stack._anchors
-        same = torch.equal if DEV.type == "cpu" else (lambda a, b: torch.allclose(a, b, atol=1e-5))   # (CUDA's sparse sums may round otherwise)
-        with torch.no_grad():
-            assert same(z_global, stack.embed(stack.params.unflatten(sent), rows=places)), rnd
-            assert same(z_previous, stack.embed(stack.params.unflatten(previous), rows=places)), rnd
+        with torch.no_grad():                                    # (on CUDA within 1e-5: its sparse sums may round otherwise)
+            assert same_tensor(z_global, stack.embed(stack.params.unflatten(sent), rows=places), atol=1e-5), rnd
+            assert same_tensor(z_previous, stack.embed(stack.params.unflatten(previous), rows=places), atol=1e-5), rnd
         stack.reply(list(range(K)), rnd)
 
 
@@ -553,7 +552,7 @@ def test_sequential_moon_embeds_a_rounds_models_once_per_batch_as_at_every_step(
             torch.manual_seed(rnd)
             replies.append(c.local_step({"params": sent.clone()}, rnd)["params"])
         once, every = replies
-        assert torch.equal(once, every) if DEV.type == "cpu" else torch.allclose(once, every, atol=1e-5), rnd
+        assert same_tensor(once, every, atol=1e-5), rnd
         assert clients[0]._anchors is None                       # nothing of the round is kept (a Flower node pickles its client)
 
 
