@@ -21,14 +21,15 @@ import numpy as np
 import pandas as pd
 
 from .core import tqdm
+from .fl.files import FileBusy, FileLock, append_row, repair_torn_row   # re-exported: the benchmarks append with it
 
 # %% auto #0
-__all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE', 'AUTHORS_CSV_COLUMNS',
-           'AUTHORS_COLUMNS', 'paper_number_papers', 'load_paper_numbers', 'Experiment', 'completed', 'results_file',
-           'repair_torn_row', 'read_results', 'append_row', 'ResultsFileBusy', 'ResultsLock', 'run_grid',
-           'changed_runs', 'Reproduction', 'register_reproduction', 'load_reproductions', 'get_reproduction',
-           'compare_with_paper', 'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files',
-           'with_provenance', 'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
+__all__ = ['PAPER_NUMBER_COLUMNS', 'KEY_COLUMNS', 'ResultsFileBusy', 'REPRODUCTIONS', 'METRIC_NAMES', 'AUTHORS_NOTE',
+           'AUTHORS_CSV_COLUMNS', 'AUTHORS_COLUMNS', 'paper_number_papers', 'load_paper_numbers', 'Experiment',
+           'completed', 'results_file', 'read_results', 'ResultsLock', 'run_grid', 'changed_runs', 'Reproduction',
+           'register_reproduction', 'load_reproductions', 'get_reproduction', 'compare_with_paper',
+           'format_side_by_side', 'plot_against_paper', 'partition_for', 'on_partition_files', 'with_provenance',
+           'merge_authors_code', 'authors_code_table', 'format_authors_table', 'fglit_authors_rows',
            'write_authors_code', 'miss_cause', 'authors_verdicts', 'method_sentences']
 
 # %% ../nbs/08_reproduction.ipynb #670573a4
@@ -92,29 +93,6 @@ def results_file(default: str | Path, path: str | Path | None = None) -> Path | 
         if p.exists(): return p
     return None
 
-def _write_whole(path: Path, text: str, append: bool) -> None:
-    "Write `text` to `path` in one `write` call (appending: the bytes land at the end together), then flush it to disk."
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
-    try:
-        data = text.encode()
-        while data: data = data[os.write(fd, data):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-def repair_torn_row(path: Path) -> bool:
-    "Drop an incomplete last line (a row cut by a kill mid-write) from the CSV `path`, with a warning; whether it did."
-    if not path.exists() or path.stat().st_size == 0: return False
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n": return False
-        f.seek(0); data = f.read()
-    keep = data[:data.rfind(b"\n") + 1]
-    warnings.warn(f"{path}: its last line was incomplete (a run killed while writing it) and is dropped: "
-                  f"{data[len(keep):][:80].decode(errors='replace')!r}...; that run will be redone")
-    with open(path, "r+b") as f: f.truncate(len(keep))
-    return True
-
 def read_results(path: Path) -> pd.DataFrame:
     "A results CSV with a torn last line dropped (`repair_torn_row`) and each run (its `KEY_COLUMNS`) counted once (later copies dropped, with a warning)."
     repair_torn_row(path)
@@ -127,47 +105,13 @@ def read_results(path: Path) -> pd.DataFrame:
             df = df[~dup].reset_index(drop=True)
     return df
 
-def append_row(out: Path, row: dict) -> None:
-    "Append one result row to the CSV `out` as one whole line; when its columns differ from the file's (a grid that gained or lost a column), rewrite the file with the union (atomically) so no value lands under another column's header."
-    out.parent.mkdir(parents=True, exist_ok=True)
-    new = pd.DataFrame([row])
-    if out.exists() and out.stat().st_size > 0:
-        repair_torn_row(out)
-        header = pd.read_csv(out, nrows=0).columns.tolist()
-        if not set(new.columns) <= set(header):     # a new column: rewrite once with the union of columns
-            tmp = out.with_name(out.name + ".tmp")
-            pd.concat([pd.read_csv(out, dtype=str, keep_default_na=False), new], ignore_index=True).to_csv(tmp, index=False)
-            os.replace(tmp, out)
-            return
-        _write_whole(out, new.reindex(columns=header).to_csv(header=False, index=False), append=True)   # missing columns stay empty
-    else:
-        _write_whole(out, new.to_csv(index=False), append=False)
+ResultsFileBusy = FileBusy     # what a results CSV's lock raises (`fglit.fl.files`)
 
-class ResultsFileBusy(RuntimeError):
-    "Another run holds the lock of this results file."
-
-class ResultsLock:
+class ResultsLock(FileLock):
     "An exclusive lock on a results CSV (`<file>.lock`, `flock`) for one run of a grid: a second run on the same file is refused."
     def __init__(self, out: Path):
-        self.out, self.path, self.fd = out, out.with_name(out.name + ".lock"), None
-
-    def __enter__(self) -> "ResultsLock":
-        import fcntl
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
-            os.close(self.fd); self.fd = None
-            raise ResultsFileBusy(f"another run is writing to {self.out} (process {holder or '?'}); wait for it, or write to another --out") from None
-        os.ftruncate(self.fd, 0); os.pwrite(self.fd, str(os.getpid()).encode(), 0)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import fcntl
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN); os.close(self.fd); self.fd = None
+        super().__init__(out.with_name(out.name + ".lock"), out)
+        self.out = out
 
 def _end_with_parent(parent: int) -> None:
     "Worker initializer: exit as soon as the process that started this worker is gone (killed, even with SIGKILL)."

@@ -20,7 +20,8 @@ def test_out_writes_a_record_that_config_reads_back(shared_root, tmp_path, capsy
     assert main(["run", "fedavg", *SMALL, "--root", str(shared_root), "--set", "lr=0.02", "--out", str(first),
                  "--log-csv", str(tmp_path / "rounds.csv")]) == 0
     assert {p.name for p in first.iterdir()} == {"config.json", "summary.json", "scores.csv", "per_round.csv",
-                                                  "per_client.csv", "communication.csv"}
+                                                  "per_client.csv", "communication.csv", "seeds", ".lock"}   # seeds/: what a rerun resumes from
+    assert [p.name for p in (first / "seeds").iterdir()] == ["seed_0.json"]
     config = json.loads((first / "config.json").read_text())
     assert (config["algorithm"], config["dataset"], config["clients"], config["seeds"], config["lr"]) == ("fedavg", "Cora", 3, [0], 0.02)
     assert main(["run", "fedavg", "--config", str(first / "config.json"), "--root", str(shared_root), "--quiet",

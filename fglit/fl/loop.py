@@ -385,21 +385,26 @@ def stacked_algorithms() -> list[str]:
 
 # %% ../../nbs/fl/06_loop.ipynb #024a32bc
 class CSVLogger:
-    "A callback that appends each round's metrics to a CSV file (one row per round and seed)."
+    "A callback that writes each round's metrics to a CSV file, one row per round and seed (and `run`, when given); a seed run again replaces its earlier rows."
     FIELDS = ("seed", "round", "clients", "bytes_up", "bytes_down", "seconds", "val_accuracy", "test_accuracy")
 
-    def __init__(self, path):
-        self.path = Path(path)
+    def __init__(self, path, run: str | None = None):
+        self.path, self.run, self.started = Path(path), run, set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, rnd: int, server, clients, metrics: dict) -> None:
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        row = dict(metrics)
-        line = io.StringIO()
-        w = csv.DictWriter(line, fieldnames=self.FIELDS, extrasaction="ignore", lineterminator="\n")
-        if new: w.writeheader()
-        w.writerow(row)
-        with open(self.path, "a") as f: f.write(line.getvalue())     # whole lines, one write
+        from fglit.fl.files import append_row, rewrite_rows
+        seed = metrics.get("seed")
+        if seed not in self.started:          # this seed's first round here: the rows an earlier run of it wrote go
+            self.started.add(seed)
+            rewrite_rows(self.path, lambda t: ~self._mine(t, seed))
+        append_row(self.path, ({} if self.run is None else {"run": self.run}) | {f: metrics.get(f) for f in self.FIELDS})
+
+    def _mine(self, table, seed):
+        "The rows of `table` (read as text) that this logger's `seed` wrote, in an earlier run or this one."
+        if "seed" not in table: return pd.Series(False, index=table.index)
+        mine = table["seed"] == str(seed)
+        return mine & (table["run"] == self.run) if self.run is not None and "run" in table else mine
 
 class TensorBoardLogger:
     "A callback that writes each round's metrics as TensorBoard scalars under `log_dir` (needs the `tensorboard` package)."

@@ -5,18 +5,21 @@
 # %% ../../nbs/fl/05_results.ipynb #c5cd25de
 from __future__ import annotations
 
+import json
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
 
+from .files import FileLock, write_atomic
 from ..metrics import client_averages, mean_std, select_round, selection_used
 
 
 # %% auto #0
-__all__ = ['SeedRun', 'git_commit', 'RunResult']
+__all__ = ['RECORD_TABLES', 'RECORD_FILES', 'SeedRun', 'git_commit', 'RunResult', 'RecordError', 'seed_record',
+           'seed_from_record', 'RunRecord']
 
 # %% ../../nbs/fl/05_results.ipynb #9a6f8a45
 @dataclass
@@ -67,6 +70,9 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError, NameError):
         return None
 
+
+RECORD_TABLES = ("scores", "per_round", "per_client", "communication")
+RECORD_FILES = ("config.json", "summary.json", *(f"{t}.csv" for t in RECORD_TABLES))
 
 @dataclass
 class RunResult:
@@ -131,17 +137,21 @@ class RunResult:
         return dict(algorithm=self.algorithm, dataset=self.dataset, partition=self.partition, clients=self.clients,
                     seeds=self.seeds, **({"pool": self.pool} if self.pool else {}), **made, **config, **privacy)
 
+    def record_files(self, seeds=None) -> dict[str, str]:
+        "The text of each file of the run's record (see `save`); `seeds`: the seeds `config.json` gives (default: the run's)."
+        files = {"config.json": json.dumps(dict(self.run_config(), **({} if seeds is None else {"seeds": list(seeds)})), indent=1, default=float) + "\n"}
+        if self.runs:                   # the tables, then the summary: a summary there means its tables are too
+            for name in RECORD_TABLES: files[f"{name}.csv"] = getattr(self, name)().to_csv(index=False)
+            files["summary.json"] = json.dumps(self.summary(), indent=1, default=float) + "\n"
+        return files
+
     def save(self, out_dir) -> Path:
         """Write the run's record to `out_dir`: `config.json` (`run_config`, which `--config` reads back), `summary.json`,
-        and the tables `scores.csv`, `per_round.csv`, `per_client.csv`, `communication.csv`. Returns the folder."""
-        import json
+        and the tables `scores.csv`, `per_round.csv`, `per_client.csv`, `communication.csv`, each replaced at once
+        (`write_atomic`). Returns the folder."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(self.run_config(), indent=1, default=float) + "\n")
-        (out / "summary.json").write_text(json.dumps(self.summary(), indent=1, default=float) + "\n")
-        for name, table in (("scores", self.scores()), ("per_round", self.per_round()), ("per_client", self.per_client()),
-                            ("communication", self.communication())):
-            table.to_csv(out / f"{name}.csv", index=False)
+        for name, text in self.record_files().items(): write_atomic(out / name, text)
         return out
 
     def __repr__(self) -> str:
@@ -150,3 +160,102 @@ class RunResult:
                 f"accuracy {s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f}, F1-macro {s['f1_macro_mean']:.4f} ± {s['f1_macro_std']:.4f}, "
                 f"AUC {s['auc_mean']:.4f} ± {s['auc_std']:.4f}, "
                 f"{s['bytes_up'] + s['bytes_down']:,} bytes/run, {s['wall_time_s']:.1f}s/seed)")
+
+# %% ../../nbs/fl/05_results.ipynb #84c00dd0
+class RecordError(ValueError):
+    "A folder that cannot take this run's record: a file, a folder it cannot write, or the record of another run."
+
+def _plain(v):
+    "A numpy number as Python's (JSON)."
+    return v.item() if hasattr(v, "item") else float(v)
+
+def _frame(df: pd.DataFrame) -> dict:
+    return dict(columns=list(df.columns), dtypes=[str(t) for t in df.dtypes], data=df.to_numpy(dtype=object).tolist())
+
+def _unframe(d: dict) -> pd.DataFrame:
+    return pd.DataFrame(d["data"], columns=d["columns"]).astype(dict(zip(d["columns"], d["dtypes"])))
+
+def seed_record(run: SeedRun) -> dict:
+    "One seed as JSON-ready data (floats exactly: JSON writes them as Python's `repr`); `seed_from_record` reads it back."
+    return dict(seed=run.seed, wall_time_s=run.wall_time_s, weighting=run.weighting, selection=run.selection,
+                privacy=run.privacy, history=_frame(run.history), communication=_frame(run.communication))
+
+def seed_from_record(d: dict) -> SeedRun:
+    return SeedRun(d["seed"], _unframe(d["history"]), _unframe(d["communication"]), d["wall_time_s"], d["weighting"],
+                   d["selection"], d.get("privacy") or {})
+
+def _differences(there: dict, here: dict) -> list[str]:
+    return [f"{k}: {there.get(k, '(unset)')!r} there, {here.get(k, '(unset)')!r} here" for k in sorted(set(there) | set(here), key=str)
+            if there.get(k, "(unset)") != here.get(k, "(unset)")]
+
+class RunRecord:
+    "The folder of one run's record, written seed by seed (see above): `with RunRecord(out, template, seeds) as r:` locks it, `r.done` holds its finished seeds, `r.add(seed_run)` records one more."
+    def __init__(self, out, template: RunResult, seeds, overwrite: bool = False):
+        self.out, self.template, self.seeds, self.overwrite = Path(out), template, list(seeds), overwrite
+        self.done: dict[int, SeedRun] = {}
+        self.lock = FileLock(self.out / ".lock", self.out)
+        config = json.loads(json.dumps(template.run_config(), default=float))
+        config.pop("seeds", None)
+        self.config = config            # what makes two runs one run, seeds aside (with the partition's files, below)
+        self.identity = dict(config=config, partition_params=json.loads(json.dumps(template.partition_params, default=float)))
+
+    def __enter__(self) -> "RunRecord":
+        if self.out.exists() and not self.out.is_dir():
+            raise RecordError(f"{self.out} is a file, not a folder for the run's record")
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.lock.__enter__()
+        except OSError as err:
+            raise RecordError(f"cannot write the run's record to {self.out}: {err.strerror or err}") from None
+        try:
+            self._open()
+        except BaseException:
+            self.lock.__exit__(); raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.__exit__()
+
+    def _open(self) -> None:
+        seeds_dir = self.out / "seeds"
+        for tmp in [*self.out.glob(".*.tmp"), *seeds_dir.glob(".*.tmp")]: tmp.unlink()   # a kill between write and rename
+        if self.overwrite:
+            for name in RECORD_FILES: (self.out / name).unlink(missing_ok=True)
+            for f in seeds_dir.glob("seed_*.json"): f.unlink()
+        refuse = lambda why: RecordError(f"{self.out} holds {why}; write to another folder, or replace that record with --overwrite (overwrite=True)")
+        config = self.out / "config.json"
+        if config.exists():
+            try:
+                there = json.loads(config.read_text())
+            except ValueError:
+                there = None
+            if not isinstance(there, dict): raise refuse("a config.json that is not a run's config")
+            there.pop("seeds", None)
+            differ = _differences(there, self.config)
+            if differ: raise refuse(f"the record of another run ({'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''})")
+        elif any((self.out / n).exists() for n in RECORD_FILES) or any(seeds_dir.glob("seed_*.json")):
+            raise refuse("part of a run's record without its config.json")
+        for f in sorted(seeds_dir.glob("seed_*.json")):
+            try:
+                d = json.loads(f.read_text())
+                seed = int(d["run"]["seed"])
+            except (ValueError, KeyError, TypeError):
+                raise refuse(f"{f.name}, which is not a seed of a run's record") from None
+            if d.get("identity") != self.identity:
+                raise refuse(f"seed {seed} of another run ({'; '.join(_differences(d.get('identity') or {}, self.identity)[:3])})")
+            if seed in self.seeds: self.done[seed] = seed_from_record(d["run"])
+        write_atomic(config, self.template.record_files(self.seeds)["config.json"])
+
+    def add(self, run: SeedRun) -> None:
+        "Record a finished seed: its file in `seeds/`, then `summary.json` and the tables of every finished seed."
+        (self.out / "seeds").mkdir(exist_ok=True)
+        text = json.dumps(dict(identity=self.identity, commit=self.template.commit, run=seed_record(run)), default=_plain)
+        write_atomic(self.out / "seeds" / f"seed_{run.seed}.json", text + "\n")
+        self.done[run.seed] = run
+        self.write([self.done[s] for s in self.seeds if s in self.done])
+
+    def write(self, runs: list[SeedRun]) -> RunResult:
+        "Write `summary.json` and the tables of `runs` (with `config.json` giving every seed asked); the result they make."
+        result = replace(self.template, runs=runs)
+        for name, text in result.record_files(self.seeds).items(): write_atomic(self.out / name, text)
+        return result
