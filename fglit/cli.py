@@ -18,10 +18,10 @@ class UsageError(Exception):
     "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['RUN_KEYS', 'DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'UsageError', 'cmd_datasets', 'parse_settings', 'load_run_config',
-           'apply_config_file', 'run_loggers', 'partitions_from_files', 'cmd_partition', 'privacy_settings',
-           'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms', 'cmd_demo', 'cmd_reproduce', 'cmd_flower_app',
-           'cmd_flower_local', 'build_parser', 'main']
+__all__ = ['RUN_KEYS', 'DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'MAX_CLIENTS', 'UsageError', 'cmd_datasets', 'parse_settings',
+           'load_run_config', 'apply_config_file', 'run_loggers', 'partitions_from_files', 'cmd_partition',
+           'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms', 'cmd_demo',
+           'cmd_reproduce', 'cmd_flower_app', 'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -83,7 +83,28 @@ def load_run_config(path) -> dict:
     if not isinstance(data, dict):
         raise UsageError(f"--config {p}: expected a mapping of settings, got {type(data).__name__}")
     privacy = data.pop("privacy", None)
-    return {**(privacy if isinstance(privacy, dict) else {}), **data}
+    data = {**(privacy if isinstance(privacy, dict) else {}), **data}
+    if {"secure_aggregation", "dp_noise"} <= set(data):     # a record (`--out`'s config.json) lists every privacy setting, chosen or not
+        from fglit.fl.config import PrivacyConfig
+        fields = PrivacyConfig.__dataclass_fields__
+        data = {k: v for k, v in data.items() if not (k in fields and v == fields[k].default)}
+    return data
+
+def _run_key(path, key: str, value):
+    "A run key of a `--config` file, type-checked (the file and the key named when it is wrong)."
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if key == "seeds":
+        seeds = [value] if whole(value) else value
+        if not isinstance(seeds, list) or not seeds or not all(whole(s) for s in seeds):
+            raise UsageError(f"--config {path}: `seeds` must be a list of integers such as [0, 1, 2], got {value!r}")
+        return seeds
+    if key == "clients" and not whole(value):
+        raise UsageError(f"--config {path}: `clients` must be an integer, got {value!r}")
+    if key in ("dataset", "partition") and not isinstance(value, str):
+        raise UsageError(f"--config {path}: `{key}` must be a name (a string), got {value!r}")
+    if key == "pool" and value is not None and not isinstance(value, str):
+        raise UsageError(f"--config {path}: `pool` must be one of {', '.join(CATALOGUE['pools'])} or null, got {value!r}")
+    return value
 
 def apply_config_file(args) -> dict:
     "Read `args.config` (if any): the run's keys go to `args` unless typed as flags; returns the settings, which `--set` and flags override."
@@ -97,15 +118,15 @@ def apply_config_file(args) -> dict:
     given = getattr(args, "given_flags", set())
     for key, flag in RUN_KEYS.items():
         if key in data:
-            value = data.pop(key)
+            value = _run_key(args.config, key, data.pop(key))
             if flag not in given and not (key == "dataset" and args.dataset is not None): setattr(args, key, value)
     if args.dataset is None: raise UsageError(f"--dataset is required: neither the command nor {args.config} names one")
     return data
 
-def run_loggers(args, settings: dict | None = None):
-    "The callback `--log-csv` / `--log-tensorboard` ask for (None without them); `--log-csv`'s rows carry the run's id (`_run_id`)."
+def run_loggers(args):
+    "The callback `--log-csv` / `--log-tensorboard` ask for (None without them)."
     from fglit.fl.loop import CSVLogger, TensorBoardLogger
-    loggers = ([CSVLogger(args.log_csv, run=_run_id(args, settings or {}))] if getattr(args, "log_csv", None) else []) + \
+    loggers = ([CSVLogger(args.log_csv)] if getattr(args, "log_csv", None) else []) + \
               ([TensorBoardLogger(args.log_tensorboard)] if getattr(args, "log_tensorboard", None) else [])
     if not loggers: return None
     def log(rnd, server, clients, metrics):
@@ -163,8 +184,48 @@ PRIVACY_FLAGS = {"secure_aggregation": "secure_aggregation", "secagg_dropout": "
                  "dp_clip": "dp_clip", "dp_delta": "dp_delta", "dp_fraction": "dp_fraction"}
 
 def privacy_settings(args) -> dict:
-    "The config settings given by `run`'s secure-aggregation and DP flags."
-    return {key: getattr(args, flag) for flag, key in PRIVACY_FLAGS.items() if getattr(args, flag, None) not in (None, False)}
+    "The config settings given by `run`'s secure-aggregation and DP flags: a number typed (0 too) is given; unset is None, a switch left off False."
+    return {key: v for flag, key in PRIVACY_FLAGS.items() for v in [getattr(args, flag, None)] if v is not None and v is not False}
+
+def _check_paths(args) -> None:
+    """Refuse, before the run starts, a path it would fail on: `--out` or `--log-tensorboard` naming a file (an existing
+    folder is fine), `--log-csv` naming a folder, a `--partition-file` that is a folder or missing, or a place not writable."""
+    import os
+    def writable(p: Path, flag: str) -> None:
+        q = p
+        while not q.exists() and q != q.parent: q = q.parent       # the nearest part of the path that exists
+        if not q.is_dir(): raise UsageError(f"{flag} {p}: {q} is a file, so no folder can be made under it")
+        if not os.access(q, os.W_OK | os.X_OK): raise UsageError(f"{flag} {p}: cannot write in {q} (permission denied)")
+    for flag, attr in (("--out", "out"), ("--log-tensorboard", "log_tensorboard")):
+        if getattr(args, attr, None):
+            p = Path(getattr(args, attr))
+            if p.exists() and not p.is_dir(): raise UsageError(f"{flag} {p}: is an existing file; {flag} names a folder")
+            writable(p, flag)
+    if getattr(args, "log_csv", None):
+        p = Path(args.log_csv)
+        if p.is_dir(): raise UsageError(f"--log-csv {p}: is a folder; --log-csv names a CSV file to append to")
+        writable(p.parent, "--log-csv")        # an existing file is fine: a repeated run rewrites it (in its folder, then renamed)
+    for f in getattr(args, "partition_file", None) or []:
+        if Path(f).is_dir(): raise UsageError(f"--partition-file {f}: is a folder, not a partition file (.npz or .json)")
+        if not Path(f).is_file(): raise UsageError(f"--partition-file {f}: no such file")
+
+MAX_CLIENTS = 10**6    # far above any federation simulated here; a typo's 10^12 would allocate per-client arrays first
+
+def _check_run(args) -> None:
+    "Refuse what `fglit run` can tell is wrong before loading anything: clients, seeds and paths."
+    from fglit.federation import ConfigError, check_seeds
+    if not 1 <= args.clients <= MAX_CLIENTS:
+        raise UsageError(f"--clients must be between 1 and {MAX_CLIENTS:,}, got {args.clients}")
+    try:
+        check_seeds(args.seeds)
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+    _check_paths(args)
+
+def _from_file(message: str, path, keys) -> str:
+    "`message` prefixed with the `--config` file when it is about one of the file's `keys` (not typed on the command line)."
+    named = next((k for k in keys if message.startswith((f"setting {k!r}", f"{k} ", f"unknown setting {k!r}"))), None)
+    return f"--config {path}: {message}" if named else message
 
 def run_on_flower(args, settings: dict):
     "`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result."
@@ -182,31 +243,24 @@ def _named_dataset(dataset: str) -> None:
     if dataset.endswith((".pt", ".pth")):
         raise UsageError(f"--dataset {dataset}: the Flower backends load a registered dataset by name on each node; run a file in process (no --backend)")
 
-def _run_id(args, settings: dict) -> str:
-    "A short hash of what the command asks to run, seeds aside: `--log-csv`'s `run` column, so a repeated run replaces its own rows."
-    import hashlib
-    asked = dict(algorithm=args.algorithm.lower(), dataset=str(args.dataset), partition=str(getattr(args, "partition", "")), clients=args.clients,
-                 rounds=args.rounds, local_epochs=args.local_epochs, model=args.model, pool=getattr(args, "pool", None),
-                 partition_file=getattr(args, "partition_file", None), settings=settings)
-    return hashlib.sha1(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
-    from dataclasses import replace
     from fglit.federation import ConfigError, run
     from fglit.own_data import as_dataset
     from_file = apply_config_file(args)
-    settings = {**from_file, **parse_settings(args.set), **privacy_settings(args)}
-    callback = run_loggers(args, settings)
-    from fglit.fl.files import FileBusy
-    from fglit.fl.results import RecordError, RunRecord
-    record = dict(out=getattr(args, "out", None), overwrite=getattr(args, "overwrite", False))   # written seed by seed, resumed
+    typed = {**parse_settings(args.set), **privacy_settings(args)}
+    settings = {**from_file, **typed}
+    _check_run(args)
+    callback = run_loggers(args)
     try:
         flower = getattr(args, "backend", "inprocess") == "flower-sim"
         if flower:
             _named_dataset(args.dataset)
             from fglit.data import dataset_spec
-            task = dataset_spec(args.dataset, args.root).task
+            spec = dataset_spec(args.dataset, args.root)
+            task, items = spec.task, spec.nodes if spec.task == "node" else spec.graphs
+            if items and args.clients > items:
+                raise UsageError(f"--clients {args.clients}: {spec.name} has {items} {'nodes' if task == 'node' else 'graphs'}; a client needs at least one")
         else:
             dataset = as_dataset(args.dataset, getattr(args, "task", None), root=args.root)   # loaded once: a name, a .pt file
             task = dataset.task
@@ -221,24 +275,20 @@ def cmd_run(args) -> int:
             if callback is not None:
                 raise UsageError("--log-csv and --log-tensorboard log the in-process loop; on Flower's engine use --out")
             result = run_on_flower(args, settings)
-            if record["out"]:         # Flower's runs: the record is written when the run ends (the folder checked and locked then)
-                with RunRecord(record["out"], replace(result, runs=[]), result.seeds, record["overwrite"]) as r: r.write(result.runs)
         elif getattr(args, "partition_file", None):
             ds, parts = partitions_from_files(args)            # the dataset loaded once, for the files and the run
             result = run(args.algorithm, ds, parts, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback, **record)
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
         else:
             result = run(args.algorithm, dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback, **record)
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
     except ConfigError as err:
-        raise UsageError(str(err)) from None
-    except (RecordError, FileBusy) as err:      # --out: another run's record there, or a run writing to it
-        raise UsageError(str(err)) from None
+        raise UsageError(_from_file(str(err), args.config, set(from_file) - set(typed))) from None
     code = print_result(result, args.json)
-    if record["out"]:
-        out = record["out"]
+    if getattr(args, "out", None):
+        out = result.save(args.out)
         print(f"wrote {out}: config.json, summary.json, scores.csv, per_round.csv, per_client.csv, communication.csv",
               file=sys.stderr if args.json else sys.stdout)
     return code
@@ -310,7 +360,10 @@ def cmd_demo(args) -> int:
     "Train a centralised model on one dataset and print its accuracy (placeholder main job)."
     from fglit.core import get_device, seed_everything
     from fglit.data import DatasetError, load_dataset
+    from fglit.fl.config import MAX_EPOCHS
     from fglit.models import build_model, train_node_classifier
+    if not 1 <= args.epochs <= MAX_EPOCHS: raise UsageError(f"--epochs must be between 1 and {MAX_EPOCHS:,}, got {args.epochs}")
+    if not 0 <= args.seed < 2**32: raise UsageError(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
     seed_everything(args.seed)
     ds = load_dataset(args.dataset, args.root)
     if ds.task != "node" or "train_mask" not in ds.data:
@@ -343,6 +396,8 @@ def cmd_reproduce(args) -> int:
                 for r in sorted(load_reproductions().values(), key=lambda r: r.name)]
         _print_table(pd.DataFrame(rows), args.json)
         return 0 if args.list else 2
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: is a folder; reproduce's --out names the results CSV file to append to")
     try:
         reproduction = get_reproduction(args.paper)
     except ValueError as err:
@@ -491,11 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.add_argument("--config", metavar="FILE", help="settings from a JSON or YAML file (the keys of --set, and dataset, partition, clients, "
                                                     "seeds, rounds, ...; a config.json that --out wrote); flags given here win")
-    p.add_argument("--out", metavar="DIR", help="write the run's record to DIR (config.json, summary.json, its tables) seed by seed; "
-                                                 "run again, it runs only the seeds DIR lacks")
-    p.add_argument("--overwrite", action="store_true", help="replace the record of another run in --out DIR (else refused)")
-    p.add_argument("--log-csv", metavar="FILE", dest="log_csv",
-                   help="write every round's metrics to FILE as it runs (a repeated run replaces its own rows)")
+    p.add_argument("--out", metavar="DIR", help="write the run's record to DIR: config.json, summary.json and its tables")
+    p.add_argument("--log-csv", metavar="FILE", dest="log_csv", help="append every round's metrics to FILE as it runs")
     p.add_argument("--log-tensorboard", metavar="DIR", dest="log_tensorboard", help="every round's metrics as TensorBoard scalars in DIR")
     p.add_argument("--pool", choices=CATALOGUE["pools"],
                    help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")

@@ -27,10 +27,10 @@ from torch_geometric.utils import degree, is_undirected, to_undirected
 from .core import cache_dir, data_root, is_writable
 
 # %% auto #0
-__all__ = ['LOADERS', 'REGISTRY', 'PYG_NODE_NAMES', 'TU_NAMES', 'DatasetError', 'UnknownDatasetError', 'DatasetNotFoundError',
-           'RawLayout', 'DatasetSpec', 'HeterophilyNpzDataset', 'gin_text_to_tu', 'GinTextDataset', 'dataset_names',
-           'dataset_spec', 'pyg_spec', 'BenchmarkDataset', 'load_dataset', 'datasets_table', 'edge_homophily',
-           'dataset_statistics']
+__all__ = ['LOADERS', 'REGISTRY', 'PYG_NODE_NAMES', 'TU_NAMES', 'FINITE_KEYS', 'DatasetError', 'UnknownDatasetError',
+           'DatasetNotFoundError', 'RawLayout', 'DatasetSpec', 'HeterophilyNpzDataset', 'gin_text_to_tu',
+           'GinTextDataset', 'dataset_names', 'dataset_spec', 'pyg_spec', 'BenchmarkDataset', 'NonFiniteDataError',
+           'nonfinite_counts', 'check_finite', 'load_dataset', 'datasets_table', 'edge_homophily', 'dataset_statistics']
 
 # %% ../nbs/00_data.ipynb #afe509ee
 class DatasetError(Exception):
@@ -478,6 +478,37 @@ def _new_dirs(path: Path) -> list[Path]:
         missing.append(path); path = path.parent
     return missing[::-1]
 
+class NonFiniteDataError(DatasetError, ValueError):
+    "NaN or inf in a dataset's features, labels or edge weights."
+
+FINITE_KEYS = ("x", "y", "edge_attr", "edge_weight")    # the float tensors a model reads: features, labels, edge weights
+
+def nonfinite_counts(graph) -> dict[str, int]:
+    "How many NaN or inf values each float tensor of `FINITE_KEYS` in `graph` (a `Data`, or a collated store) holds; only those with some."
+    counts = {}
+    for key in FINITE_KEYS:
+        t = graph[key] if key in graph else None
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            n = int((~torch.isfinite(t)).sum())
+            if n: counts[key] = n
+    return counts
+
+def check_finite(counts: dict[str, int], where: str) -> None:
+    "Refuse the `nonfinite_counts` of a dataset in one line naming it (`where`) and the count."
+    if counts:
+        raise NonFiniteDataError(f"{where}: {sum(counts.values()):,} NaN or inf values ({', '.join(f'{n:,} in `{k}`' for k, n in counts.items())}); "
+                                 "replace them (e.g. torch.nan_to_num) or drop what holds them before federating")
+
+def _damaged_processed(folders) -> Path | None:
+    "The first processed `.pt` file under `folders` that torch cannot load (on the error path only: each file is loaded)."
+    for folder in folders:
+        for p in sorted(Path(folder).glob("**/processed/*.pt")):
+            try:
+                torch.load(p, map_location="cpu", weights_only=False)
+            except Exception:
+                return p
+    return None
+
 def load_dataset(name: str, root: str | Path | None = None, download: bool = True, verbose: bool = False) -> BenchmarkDataset:
     "Load a registered benchmark from `root` (argument, else `FGLIT_DATA`, else the per-user default); download only if absent."
     root = data_root(root)
@@ -492,8 +523,13 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Tru
                 with _quiet(not verbose):
                     pyg = LOADERS[spec.source](build_root, spec, layout)
             except Exception as err:
+                damaged = _damaged_processed([build_root / spec.folder, cache_dir() / "gin-text" / _root_key(where) / spec.folder])
+                if damaged is not None:
+                    raise DatasetError(f"dataset {spec.name!r}: its processed file {damaged} is damaged; delete the folder "
+                                       f"{damaged.parent} and run again (it is rebuilt from the raw files)") from None
+                detail = str(err).strip().splitlines()[0] if str(err).strip() else "no detail"
                 raise DatasetError(f"dataset {spec.name!r}: the files under {where / spec.folder} could not be read "
-                                   f"({type(err).__name__}: {err}); check or replace them") from None
+                                   f"({type(err).__name__}: {detail}); check or replace them") from None
         else:
             if not download:
                 raise _not_found(spec, root)
@@ -506,6 +542,7 @@ def load_dataset(name: str, root: str | Path | None = None, download: bool = Tru
                 for folder in reversed(created):
                     shutil.rmtree(folder, ignore_errors=True)
                 raise _not_found(spec, root, err) from None
+    check_finite(nonfinite_counts(pyg._data if getattr(pyg, "_data", None) is not None else pyg[0]), f"dataset {spec.name!r}")
     ds = BenchmarkDataset(spec, pyg, layout.variant, where / spec.folder)
     if layout.note:
         ds.notes.append(layout.note)

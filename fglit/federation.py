@@ -5,10 +5,8 @@
 # %% ../nbs/03_federation.ipynb #600e30d2
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import sys
 from typing import Callable, Iterable
 
 from .models import build_model
@@ -18,7 +16,7 @@ from .fl.local_data import SPLITS, Batch, LocalData, PackedGraphs
 from .fl.protocol import (Client, ClientInfo, ModelSpec, Server, adam_steps, check_setup, class_sums, client_spec, flat_state,
                                fused_optimizer, load_flat_state, make_optimizer, mlp_spec, weighted_mean)
 from .fl.registry import ALGORITHM_MODULES, ALGORITHMS, Algorithm, get_algorithm, load_algorithms, register_algorithm
-from .fl.results import RunRecord, RunResult, SeedRun, git_commit
+from .fl.results import RunResult, SeedRun, git_commit
 from .fl.loop import SLOW_ROUND_S, NodeUnion, round_seed, simulate
 
 
@@ -88,9 +86,12 @@ def _given_partitions(partition, seeds: list, ds) -> list | None:
 DEFAULT_PARTITIONS = {"node": "louvain", "graph": "dirichlet"}   # the partitioner a run uses when none is named, by task
 
 def check_seeds(seeds) -> list[int]:
-    "`seeds` as a list; a `ConfigError` if it is empty or repeats a seed (a repeated seed would count one run twice)."
+    "`seeds` as a list; a `ConfigError` if it is empty, repeats a seed (a repeated seed would count one run twice) or holds one outside 0..2**32-1."
     seeds = list(seeds)
     if not seeds: raise ConfigError("no seeds: give at least one (each seed is one independent run)")
+    import numpy as np
+    odd = [s for s in seeds if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 0 <= s < 2**32]
+    if odd: raise ConfigError(f"seed {odd[0]!r} is not an integer in 0..2**32-1 (the range numpy and torch seed from)")
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated: raise ConfigError(f"seeds {seeds} repeat {repeated}: a repeated seed is the same run twice, and would count as two")
     return seeds
@@ -98,8 +99,8 @@ def check_seeds(seeds) -> list[int]:
 def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
-        pool: str | None = None, task: str | None = None, out=None, overwrite: bool = False) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients[, metrics=])` after each round (see `fglit.fl.loop`); `out`: a folder for the run's record, written seed by seed and resumed from (`RunRecord`; `overwrite`: replace another run's record there); `pool`: one client holding every client's nodes, see `POOLS`; `dataset`: a name, a `.pt` file, a PyG `Data`, list of `Data` or dataset, see `as_dataset`, of `task`)."
+        pool: str | None = None, task: str | None = None, out=None) -> RunResult:
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients[, metrics=])` after each round (see `fglit.fl.loop`); `out`: a folder for the run's record (`RunResult.save`); `pool`: one client holding every client's nodes, see `POOLS`; `dataset`: a name, a `.pt` file, a PyG `Data`, list of `Data` or dataset, see `as_dataset`, of `task`)."
     from fglit.own_data import as_dataset, defaults_profile
     from fglit.partition import canonical_method, partition as make_partition
     algo = get_algorithm(algorithm)
@@ -125,23 +126,8 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
         raise ConfigError(f"pool must be one of {', '.join(POOLS)} (or None: federate), got {pool!r}")
     if pool is not None and ds.task != "node":
         raise ConfigError(f"pool={pool!r} needs a node task; {ds.name}'s clients hold whole graphs, so pooling them cuts nothing")
-    record_params = part_params if given is None else dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
-    template = RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), record_params, [], commit, pool, defaults_why)
-    with (RunRecord(out, template, seeds, overwrite) if out is not None else contextlib.nullcontext()) as record:
-        return _run_seeds(algo, ds, partition, clients, part_params, given, settings, config, pool, seeds, progress, callback,
-                          template, record)
-
-def _run_seeds(algo, ds, partition, clients, part_params, given, settings, config, pool, seeds, progress, callback, template, record) -> RunResult:
-    "`run`'s loop over seeds; a seed that `record` (a `RunRecord`, or None) holds already is read, not run again."
-    from fglit.partition import partition as make_partition
-    done = record.done if record is not None else {}
-    if done:
-        print(f"{record.out}: seed(s) {', '.join(str(s) for s in seeds if s in done)} of this run are there already; running "
-              f"{', '.join(str(s) for s in seeds if s not in done) or 'none'}", file=sys.stderr)
     runs = []
     for i, seed in enumerate(seeds):
-        if seed in done:
-            runs.append(done[seed]); continue
         if given is not None:
             part = given[i]
         else:
@@ -155,5 +141,8 @@ def _run_seeds(algo, ds, partition, clients, part_params, given, settings, confi
         data = part.clients if pool is None else [part.union(cut_edges=pool == "centralised")]
         runs.append(simulate(algo, data, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
-        if record is not None: record.add(runs[-1])          # the seed's file, then the tables so far, each replaced at once
-    return record.write(runs) if record is not None else dataclasses.replace(template, runs=runs)
+    if given is not None:
+        part_params = dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
+    result = RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, commit, pool, defaults_why)
+    if out is not None: result.save(out)
+    return result

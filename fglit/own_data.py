@@ -12,8 +12,8 @@ import torch
 from torch_geometric.data import Data, Dataset, InMemoryDataset
 from torch_geometric.utils import is_undirected
 
-from .data import (_BY_KEY, BenchmarkDataset, DatasetError, DatasetSpec, _featurise_graphs, _finish_node_data, edge_homophily,
-                   load_dataset)
+from .data import (_BY_KEY, BenchmarkDataset, DatasetError, DatasetSpec, _featurise_graphs, _finish_node_data, check_finite,
+                   edge_homophily, load_dataset, nonfinite_counts)
 
 # %% auto #0
 __all__ = ['TASKS', 'HOMOPHILY_THRESHOLD', 'PROFILE_STANDINS', 'DataFormatError', 'GraphList', 'as_dataset', 'defaults_profile']
@@ -58,6 +58,9 @@ def _check_node(d: Data, where: str) -> None:
         raise DataFormatError(f"{where}: no node features `x`; a node task needs x of shape [num_nodes, F] (e.g. torch.ones(n, 1))")
     if d.x.dim() != 2 or d.x.size(0) != d.num_nodes:
         raise DataFormatError(f"{where}: `x` must be [num_nodes, F] = [{d.num_nodes}, F], got {tuple(d.x.shape)}")
+    if not d.num_nodes:
+        raise DataFormatError(f"{where}: the graph has 0 nodes: there is nothing to federate")
+    check_finite(nonfinite_counts(d), where)
     _check_edges(d, where)
     _labels(d.y, d.num_nodes, "node", where)
 
@@ -74,6 +77,10 @@ def _check_graphs(graphs, where: str) -> list[Data]:
         show = lambda s: "no x" if s is None else f"{s[0] if s else 1} features"
         raise DataFormatError(f"{where}: the graphs mix feature sizes: graph 0 has {show(sizes[0])}, graph {odd} has {show(sizes[odd])}; "
                               "every graph needs the same node features (or none: one-hot degrees are added)")
+    counts = {}
+    for g in graphs:
+        for key, n in nonfinite_counts(g).items(): counts[key] = counts.get(key, 0) + n
+    check_finite(counts, where)
     out = []
     for i, g in enumerate(graphs):
         g = copy.copy(g)
@@ -109,6 +116,7 @@ def _graph_dataset(obj, name: str, source: str, location: Path) -> BenchmarkData
     if collated:
         if len(obj) < 2:
             raise DataFormatError(f"{where}: a graph task needs at least 2 graphs, got {len(obj)}")
+        check_finite(nonfinite_counts(obj._data), where)
         _labels(obj._data.y, len(obj), "graph", where)
         pyg = copy.copy(obj)            # the one-hot degree transform goes on a copy, not on the object passed in
     else:

@@ -210,6 +210,13 @@ def _split_mask(value, name: str, n: int, unit: str, where: str) -> np.ndarray:
         raise PartitionFileError(f"{where}: `{name}` lists some ids twice")
     return m
 
+def _whole(value, name: str, where: str) -> int:
+    "`value` as an int (a whole float such as 1e3 counts), or a `PartitionFileError` naming the field."
+    v = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)): return int(v)
+    if isinstance(v, (float, np.floating)) and np.isfinite(v) and float(v).is_integer(): return int(v)
+    raise PartitionFileError(f"{where}: `{name}` must be a whole number, got {v!r}")
+
 def from_assignment(dataset, assignment, train=None, val=None, test=None, *, num_clients: int | None = None,
                     client_names=None, fold=None, graphless=(), like: str | None = None, seed: int = 0,
                     source: str = "assignment") -> Partition:
@@ -233,11 +240,13 @@ def from_assignment(dataset, assignment, train=None, val=None, test=None, *, num
     elif not np.issubdtype(a.dtype, np.integer):
         raise PartitionFileError(f"{where}: the assignment must hold integer client ids (or names), got {a.dtype}")
     a = a.astype(np.int64)
-    K = int(a.max()) + 1 if num_clients is None else int(num_clients)
+    K = int(a.max()) + 1 if num_clients is None else _whole(num_clients, "num_clients", where)
     if names is not None and num_clients is None:
         K = len(names)
     if K < 1:
         raise PartitionFileError(f"{where}: no {unit} is given to any client")
+    if K > n:       # checked before any per-client array is allocated (a typo's 1e12 would ask for terabytes)
+        raise PartitionFileError(f"{where}: `num_clients` is {K}, more than the {n} {unit} of {src.name}: every client needs at least one")
     bad = a[(a < -1) | (a >= K)]
     if bad.size:
         raise PartitionFileError(f"{where}: unknown client {int(bad[0])} ({int(((a < -1) | (a >= K)).sum())} {unit} with "
@@ -263,10 +272,13 @@ def from_assignment(dataset, assignment, train=None, val=None, test=None, *, num
         raise PartitionFileError(f"{where}: client {int(no_train[0])} has no training {unit} ({no_train.size} such clients)")
     f = None
     if fold is not None:
-        f = np.asarray(fold, dtype=np.int64)
+        try:
+            f = np.asarray(fold, dtype=np.int64)
+        except (TypeError, ValueError):
+            raise PartitionFileError(f"{where}: `fold` must hold one whole number per {unit[:-1] if unit.endswith('s') else unit}") from None
         if f.shape != (n,):
             raise PartitionFileError(f"{where}: `fold` has {f.size} entries; the dataset has {n} {unit}")
-    gl = sorted({int(c) for c in graphless})
+    gl = sorted({_whole(c, "graphless", where) for c in np.atleast_1d(np.asarray(graphless, dtype=object))})
     if any(not 0 <= c < K for c in gl):
         raise PartitionFileError(f"{where}: graphless clients must be in 0..{K - 1}, got {gl}")
     if gl and src.task != "node":
@@ -283,9 +295,15 @@ def _file_arrays(path: Path) -> dict:
     "The arrays of a partition file: NPZ (numpy) or JSON, by suffix."
     if not path.exists():
         raise PartitionFileError(f"partition file {path} does not exist")
+    if path.is_dir():
+        raise PartitionFileError(f"{path}: is a folder, not a partition file (.npz or .json)")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files}
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                out = {k: z[k] for k in z.files}
+        except Exception as err:       # empty, truncated or not a NumPy archive; numpy's own advice (allow_pickle) would mislead
+            raise PartitionFileError(f"{path}: not a partition file fglit can read (no NumPy .npz archive of arrays: "
+                                     f"{type(err).__name__})") from None
         return {k: (v.item() if v.ndim == 0 else v) for k, v in out.items()}
     if path.suffix == ".json":
         try:
@@ -302,6 +320,8 @@ def load_partition_file(dataset, path, *, like: str | None = None, seed: int = 0
     path = Path(path)
     src = _as_source(dataset)
     f = _file_arrays(path)
+    if not f:
+        raise PartitionFileError(f"{path}: an empty partition file (no arrays in it)")
     key = "node_client" if src.task == "node" else "graph_client"
     other = "graph_client" if key == "node_client" else "node_client"
     if key not in f and "client" not in f:

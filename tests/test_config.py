@@ -51,8 +51,10 @@ def test_choices_are_refused_outside_their_literal(cls):
 def test_bounds_survive_a_subclass_that_changes_the_default():
     from fglit.algorithms.personalisation import GraphPFLConfig
     assert GraphPFLConfig().rounds == 200 and GraphPFLConfig().selection == "last"
-    with pytest.raises(ConfigError, match="rounds must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="rounds must be >= 1 and <= 1000000, got 0"):
         make_config(GraphPFLConfig, {"rounds": 0})
+    with pytest.raises(ConfigError, match="rounds must be >= 1 and <= 1000000, got 99999999999999999999"):
+        make_config(GraphPFLConfig, {"rounds": 99999999999999999999})
     with pytest.raises(ConfigError, match="selection must be one of best_val, last"):
         make_config(GraphPFLConfig, {"selection": "best"})
     with pytest.raises(ConfigError, match=r"dropout must be >= 0 and < 1, got 1.0"):
@@ -92,7 +94,7 @@ def test_cli_algorithms(capsys):
     assert (secure["fedavg"], secure["gcfl"], secure["fedpg"]) == ("yes", "no", "with upload=class_sums only")
     assert main(["algorithms", "fedprox", "--json"]) == 0
     settings = {r["setting"]: r for r in json.loads(capsys.readouterr().out)}
-    assert settings["mu"]["default"] == 0.01 and settings["lr"]["allowed"] == "> 0"
+    assert settings["mu"]["default"] == 0.01 and settings["lr"]["allowed"] == "> 0 and <= 10"
     assert main(["algorithms", "fedproxx"]) == 2
     assert "unknown algorithm 'fedproxx'" in capsys.readouterr().err
 
