@@ -123,10 +123,10 @@ def apply_config_file(args) -> dict:
     if args.dataset is None: raise UsageError(f"--dataset is required: neither the command nor {args.config} names one")
     return data
 
-def run_loggers(args):
-    "The callback `--log-csv` / `--log-tensorboard` ask for (None without them)."
+def run_loggers(args, settings: dict | None = None):
+    "The callback `--log-csv` / `--log-tensorboard` ask for (None without them); `--log-csv`'s rows carry the run's id (`_run_id`)."
     from fglit.fl.loop import CSVLogger, TensorBoardLogger
-    loggers = ([CSVLogger(args.log_csv)] if getattr(args, "log_csv", None) else []) + \
+    loggers = ([CSVLogger(args.log_csv, run=_run_id(args, settings or {}))] if getattr(args, "log_csv", None) else []) + \
               ([TensorBoardLogger(args.log_tensorboard)] if getattr(args, "log_tensorboard", None) else [])
     if not loggers: return None
     def log(rnd, server, clients, metrics):
@@ -243,15 +243,27 @@ def _named_dataset(dataset: str) -> None:
     if dataset.endswith((".pt", ".pth")):
         raise UsageError(f"--dataset {dataset}: the Flower backends load a registered dataset by name on each node; run a file in process (no --backend)")
 
+def _run_id(args, settings: dict) -> str:
+    "A short hash of what the command asks to run, seeds aside: `--log-csv`'s `run` column, so a repeated run replaces its own rows."
+    import hashlib
+    asked = dict(algorithm=args.algorithm.lower(), dataset=str(args.dataset), partition=str(getattr(args, "partition", "")), clients=args.clients,
+                 rounds=args.rounds, local_epochs=args.local_epochs, model=args.model, pool=getattr(args, "pool", None),
+                 partition_file=getattr(args, "partition_file", None), settings=settings)
+    return hashlib.sha1(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
 def cmd_run(args) -> int:
     "Run a federated algorithm and print its results."
+    from dataclasses import replace
     from fglit.federation import ConfigError, run
     from fglit.own_data import as_dataset
     from_file = apply_config_file(args)
     typed = {**parse_settings(args.set), **privacy_settings(args)}
     settings = {**from_file, **typed}
     _check_run(args)
-    callback = run_loggers(args)
+    callback = run_loggers(args, settings)
+    from fglit.fl.files import FileBusy
+    from fglit.fl.results import RecordError, RunRecord
+    record = dict(out=getattr(args, "out", None), overwrite=getattr(args, "overwrite", False))   # written seed by seed, resumed
     try:
         flower = getattr(args, "backend", "inprocess") == "flower-sim"
         if flower:
@@ -275,20 +287,24 @@ def cmd_run(args) -> int:
             if callback is not None:
                 raise UsageError("--log-csv and --log-tensorboard log the in-process loop; on Flower's engine use --out")
             result = run_on_flower(args, settings)
+            if record["out"]:         # Flower's runs: the record is written when the run ends (the folder checked and locked then)
+                with RunRecord(record["out"], replace(result, runs=[]), result.seeds, record["overwrite"]) as r: r.write(result.runs)
         elif getattr(args, "partition_file", None):
             ds, parts = partitions_from_files(args)            # the dataset loaded once, for the files and the run
             result = run(args.algorithm, ds, parts, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback, **record)
         else:
             result = run(args.algorithm, dataset, args.partition, args.clients, rounds=args.rounds,
                          local_epochs=args.local_epochs, model=args.model, seeds=args.seeds, settings=settings, root=args.root,
-                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback)
+                         progress=None if not args.quiet else False, pool=getattr(args, "pool", None), callback=callback, **record)
     except ConfigError as err:
         raise UsageError(_from_file(str(err), args.config, set(from_file) - set(typed))) from None
+    except (RecordError, FileBusy) as err:      # --out: another run's record there, or a run writing to it
+        raise UsageError(str(err)) from None
     code = print_result(result, args.json)
-    if getattr(args, "out", None):
-        out = result.save(args.out)
+    if record["out"]:
+        out = record["out"]
         print(f"wrote {out}: config.json, summary.json, scores.csv, per_round.csv, per_client.csv, communication.csv",
               file=sys.stderr if args.json else sys.stdout)
     return code
@@ -546,8 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None)
     p.add_argument("--config", metavar="FILE", help="settings from a JSON or YAML file (the keys of --set, and dataset, partition, clients, "
                                                     "seeds, rounds, ...; a config.json that --out wrote); flags given here win")
-    p.add_argument("--out", metavar="DIR", help="write the run's record to DIR: config.json, summary.json and its tables")
-    p.add_argument("--log-csv", metavar="FILE", dest="log_csv", help="append every round's metrics to FILE as it runs")
+    p.add_argument("--out", metavar="DIR", help="write the run's record to DIR (config.json, summary.json, its tables) seed by seed; "
+                                                 "run again, it runs only the seeds DIR lacks")
+    p.add_argument("--overwrite", action="store_true", help="replace the record of another run in --out DIR (else refused)")
+    p.add_argument("--log-csv", metavar="FILE", dest="log_csv",
+                   help="write every round's metrics to FILE as it runs (a repeated run replaces its own rows)")
     p.add_argument("--log-tensorboard", metavar="DIR", dest="log_tensorboard", help="every round's metrics as TensorBoard scalars in DIR")
     p.add_argument("--pool", choices=CATALOGUE["pools"],
                    help="train one model on all the clients' nodes, with (centralised) or without (pooled) the edges the partition cut")

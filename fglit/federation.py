@@ -5,8 +5,10 @@
 # %% ../nbs/03_federation.ipynb #600e30d2
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import sys
 from typing import Callable, Iterable
 
 from .models import build_model
@@ -16,7 +18,7 @@ from .fl.local_data import SPLITS, Batch, LocalData, PackedGraphs
 from .fl.protocol import (Client, ClientInfo, ModelSpec, Server, adam_steps, check_setup, class_sums, client_spec, flat_state,
                                fused_optimizer, load_flat_state, make_optimizer, mlp_spec, weighted_mean)
 from .fl.registry import ALGORITHM_MODULES, ALGORITHMS, Algorithm, get_algorithm, load_algorithms, register_algorithm
-from .fl.results import RunResult, SeedRun, git_commit
+from .fl.results import RunRecord, RunResult, SeedRun, git_commit
 from .fl.loop import SLOW_ROUND_S, NodeUnion, round_seed, simulate
 
 
@@ -99,8 +101,8 @@ def check_seeds(seeds) -> list[int]:
 def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int | None = None,
         local_epochs: int | None = None, model: str | None = None, seeds: Iterable[int] = (0,),
         settings: dict | None = None, root=None, progress: bool | None = None, callback: Callable | None = None,
-        pool: str | None = None, task: str | None = None, out=None) -> RunResult:
-    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients[, metrics=])` after each round (see `fglit.fl.loop`); `out`: a folder for the run's record (`RunResult.save`); `pool`: one client holding every client's nodes, see `POOLS`; `dataset`: a name, a `.pt` file, a PyG `Data`, list of `Data` or dataset, see `as_dataset`, of `task`)."
+        pool: str | None = None, task: str | None = None, out=None, overwrite: bool = False) -> RunResult:
+    "Run `algorithm` on `dataset` split by `partition` into `clients` clients, once per seed; see above (`partition`: a partitioner's name, or a `Partition` such as `load_partition_file` gives, or one per seed; `callback(round, server, clients[, metrics=])` after each round (see `fglit.fl.loop`); `out`: a folder for the run's record, written seed by seed and resumed from (`RunRecord`; `overwrite`: replace another run's record there); `pool`: one client holding every client's nodes, see `POOLS`; `dataset`: a name, a `.pt` file, a PyG `Data`, list of `Data` or dataset, see `as_dataset`, of `task`)."
     from fglit.own_data import as_dataset, defaults_profile
     from fglit.partition import canonical_method, partition as make_partition
     algo = get_algorithm(algorithm)
@@ -126,8 +128,23 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
         raise ConfigError(f"pool must be one of {', '.join(POOLS)} (or None: federate), got {pool!r}")
     if pool is not None and ds.task != "node":
         raise ConfigError(f"pool={pool!r} needs a node task; {ds.name}'s clients hold whole graphs, so pooling them cuts nothing")
+    record_params = part_params if given is None else dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
+    template = RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), record_params, [], commit, pool, defaults_why)
+    with (RunRecord(out, template, seeds, overwrite) if out is not None else contextlib.nullcontext()) as record:
+        return _run_seeds(algo, ds, partition, clients, part_params, given, settings, config, pool, seeds, progress, callback,
+                          template, record)
+
+def _run_seeds(algo, ds, partition, clients, part_params, given, settings, config, pool, seeds, progress, callback, template, record) -> RunResult:
+    "`run`'s loop over seeds; a seed that `record` (a `RunRecord`, or None) holds already is read, not run again."
+    from fglit.partition import partition as make_partition
+    done = record.done if record is not None else {}
+    if done:
+        print(f"{record.out}: seed(s) {', '.join(str(s) for s in seeds if s in done)} of this run are there already; running "
+              f"{', '.join(str(s) for s in seeds if s not in done) or 'none'}", file=sys.stderr)
     runs = []
     for i, seed in enumerate(seeds):
+        if seed in done:
+            runs.append(done[seed]); continue
         if given is not None:
             part = given[i]
         else:
@@ -141,8 +158,5 @@ def run(algorithm: str, dataset, partition=None, clients: int = 10, rounds: int 
         data = part.clients if pool is None else [part.union(cut_edges=pool == "centralised")]
         runs.append(simulate(algo, data, ds.task, ds.num_features, ds.num_classes, config, seed=seed,
                              progress=progress, desc=f"{algo.name} {ds.name} seed {seed}", callback=callback))
-    if given is not None:
-        part_params = dict(like=given[0].info.get("like"), sources=[p.info.get("source") for p in given])
-    result = RunResult(algo.name, ds.name, partition, clients, dataclasses.asdict(config), part_params, runs, commit, pool, defaults_why)
-    if out is not None: result.save(out)
-    return result
+        if record is not None: record.add(runs[-1])          # the seed's file, then the tables so far, each replaced at once
+    return record.write(runs) if record is not None else dataclasses.replace(template, runs=runs)
