@@ -22,28 +22,36 @@ _all_ = ["META", "RAW_STYPE", "array_to_tensor", "flower_nbytes", "get_message",
          "wait_for_nodes"]
 
 # %% auto #0
-__all__ = ['run_flower_simulation', 'write_flower_app', 'write_flwr_connection', 'free_port', 'LocalFederation',
-           'LocalSimulation', 'META', 'RAW_STYPE', 'array_to_tensor', 'flower_nbytes', 'get_message',
-           'message_to_record', 'put_message', 'record_meta', 'record_to_message', 'tensor_to_array', 'DROPPED_COLUMNS',
-           'FlowerRun', 'FlowerRunError', 'FlowerRunResult', 'FlowerTransport', 'client_app', 'make_client_app',
-           'make_server_app', 'node_cid', 'resolve_config', 'serve', 'server_app', 'wait_for_nodes']
+__all__ = ['BACKEND_PROCESSES', 'LASTING_PROCESSES', 'run_flower_simulation', 'write_flower_app', 'write_flwr_connection',
+           'free_port', 'LocalFederation', 'LocalSimulation', 'BackendWatch', 'SignalGuard', 'META', 'RAW_STYPE',
+           'array_to_tensor', 'flower_nbytes', 'get_message', 'message_to_record', 'put_message', 'record_meta',
+           'record_to_message', 'tensor_to_array', 'DROPPED_COLUMNS', 'FlowerRun', 'FlowerRunError', 'FlowerRunResult',
+           'FlowerTransport', 'client_app', 'make_client_app', 'make_server_app', 'node_cid', 'resolve_config', 'serve',
+           'server_app', 'wait_for_nodes']
 
 # %% ../nbs/07_flower.ipynb #6fb1d7f3
 def run_flower_simulation(algorithm: str, dataset: str, partition: str = "louvain", clients: int = 10, rounds: int | None = None,
                           seed: int = 0, settings: dict | None = None, root: str | None = None, replay: bool = False,
                           num_cpus: int | None = None, client_cpus: int = 1, timeout: float = 600.0,
                           min_clients: int = 0, verbose: bool = False, workdir=None) -> FlowerRunResult:
-    "Run `algorithm` as `fglit.federation.run` would (one seed), in Flower's simulation engine: `flwr run` on a `LocalSimulation`."
-    import os, tempfile
+    """Run `algorithm` as `fglit.federation.run` would (one seed), in Flower's simulation engine: `flwr run` on a `LocalSimulation`.
+    Its working folder (logs) is removed afterwards, but kept when a `FlowerRunError` names a log in it."""
+    import os, shutil, tempfile
     settings = dict(settings or {})
     if rounds is not None: settings["rounds"] = rounds
     if not isinstance(dataset, str):
         raise ConfigError("on Flower the dataset is named (each node loads it): pass its name")
     spec = FlowerRun(algorithm, dataset, partition, clients, seed, settings, str(root or os.environ.get("FGLIT_DATA", "")),
                      replay, timeout, min_clients=min_clients)
-    with tempfile.TemporaryDirectory(prefix="fglit-flower-sim-") as tmp:
-        with LocalSimulation(clients, Path(workdir or tmp), num_cpus=num_cpus, client_cpus=client_cpus, verbose=verbose) as sim:
+    tmp, keep = Path(workdir or tempfile.mkdtemp(prefix="fglit-flower-sim-")), workdir is not None
+    try:
+        with LocalSimulation(clients, tmp, num_cpus=num_cpus, client_cpus=client_cpus, verbose=verbose) as sim:
             result = sim.submit(spec, timeout=timeout)
+    except FlowerRunError as err:
+        keep = keep or str(tmp) in str(err)
+        raise
+    finally:
+        if not keep: shutil.rmtree(tmp, ignore_errors=True)
     result.backend = "flower-sim"
     return result
 
@@ -120,25 +128,6 @@ def _bin(name: str) -> str:
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else (shutil.which(name) or name)
 
-def _kill_tree(proc, grace: float = 5.0, hard: bool = False) -> None:
-    "Terminate `proc` and all its descendants (SIGTERM, then SIGKILL after `grace` seconds; `hard`: SIGKILL at once)."
-    import psutil
-    try:
-        root = psutil.Process(proc.pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        procs = []
-    for p in procs:
-        try: p.kill() if hard else p.terminate()
-        except psutil.NoSuchProcess: pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try: p.kill()
-        except psutil.NoSuchProcess: pass
-    psutil.wait_procs(alive, timeout=grace)
-    try: proc.wait(timeout=grace)
-    except Exception: pass
-
 class LocalFederation:
     "A SuperLink and `clients` SuperNodes on this machine (loopback, insecure), as real processes; a context manager."
     def __init__(self, clients: int, workdir, host: str = "127.0.0.1", env: dict | None = None):
@@ -152,6 +141,8 @@ class LocalFederation:
         self.superlink = None
         self.supernodes: list = []
         self._logs: list = []
+        self.watch = BackendWatch(lambda: [p for p in [self.superlink, *self.supernodes] if p is not None], self.workdir / "superlink.log")
+        self._guard = None
 
     @property
     def address(self) -> str: return f"{self.host}:{self.port}"
@@ -159,7 +150,8 @@ class LocalFederation:
     def _start(self, name: str, cmd: list[str]):
         import subprocess
         log = open(self.workdir / f"{name}.log", "wb"); self._logs.append(log)
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                start_new_session=True)       # out of the terminal's process group: fglit's handler stops it
 
     def start_supernode(self, cid: int):
         "Start (or restart) the SuperNode of client `cid`."
@@ -175,8 +167,13 @@ class LocalFederation:
         "Stop client `cid`'s SuperNode and its children: SIGKILL (`hard`, a crash: the SuperLink notices after missed heartbeats) or SIGTERM (it signs off)."
         _kill_tree(self.supernodes[cid], hard=hard)
 
+    def _own(self) -> None:
+        "End every process this federation starts on SIGINT, SIGTERM or interpreter exit (`SignalGuard`), until `close`."
+        self._guard = SignalGuard(self.close).install()
+
     def __enter__(self) -> "LocalFederation":
         try:
+            self._own()
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--host", self.host, "--port", str(self.port),
                                                        "--disable-runtime-dependency-installation"])
@@ -210,6 +207,7 @@ class LocalFederation:
         run = dataclasses.replace(run, result=str(result), progress=run.progress or str(progress))
         app = write_flower_app(self.workdir / "app", run)
         extra = self.federation_config()
+        self.watch.begin_run()
         out = subprocess.run([_bin("flwr"), "run", str(app), "fglit", "--format", "json"]
                              + (["--federation-config", " ".join(extra)] if extra else []), env=self.env, cwd=self.workdir,
                              capture_output=True, text=True, timeout=120)
@@ -217,22 +215,33 @@ class LocalFederation:
         if out.returncode != 0 or not answer.get("success", False):
             raise FlowerRunError(f"flwr run failed ({out.returncode}): {answer.get('error-message') or out.stdout[-2000:]} {out.stderr[-2000:]}")
         self.run_id = answer.get("run-id")
-        deadline, seen = time.monotonic() + timeout, 0
-        while not result.exists():
-            if on_progress is not None and Path(run.progress).exists():
-                lines = Path(run.progress).read_text().split("\n")[:-1]      # complete lines only
-                for line in lines[seen:]: on_progress(json.loads(line))
-                seen = len(lines)
-            if time.monotonic() > deadline:
-                raise FlowerRunError(f"no result within {timeout:.0f}s; {self.tail()}")
-            if self.superlink.poll() is not None:
-                raise FlowerRunError(f"the SuperLink exited; {self.tail()}")
-            time.sleep(0.2)
+        seen = self.wait_for(result, timeout, run.progress, on_progress)
         if on_progress is not None and Path(run.progress).exists():
             for line in Path(run.progress).read_text().split("\n")[seen:-1]: on_progress(json.loads(line))
         out = pickle.loads(result.read_bytes())
         if isinstance(out, BaseException): raise out
         return out
+
+    def wait_for(self, result: Path, timeout: float, progress=None, on_progress=None, every: float = 1.0, grace: float = 3.0) -> int:
+        """Wait until the file `result` exists; `on_progress` sees each line of the file `progress`, and the number seen is returned.
+        Every `every` s `watch.check()` looks at the backend: once it is broken and `grace` s more bring no result, a
+        `FlowerRunError` whose first line says what died and where its log is; after `timeout` s, one saying so."""
+        deadline, seen, look, broken = time.monotonic() + timeout, 0, 0.0, None
+        while not result.exists():
+            if on_progress is not None and progress and Path(progress).exists():
+                lines = Path(progress).read_text().split("\n")[:-1]      # complete lines only
+                for line in lines[seen:]: on_progress(json.loads(line))
+                seen = len(lines)
+            now = time.monotonic()
+            if broken is None and now >= look:
+                why, look = self.watch.check(), now + every
+                if why: broken = (why, now + grace)      # the result may still be on its way
+            if broken and now >= broken[1]:
+                raise FlowerRunError(f"the Flower backend failed before the run's result came: {broken[0]}\n{self.tail()}")
+            if now > deadline:
+                raise FlowerRunError(f"no result within {timeout:.0f}s; the SuperLink's log: {self.watch.log}\n{self.tail()}")
+            time.sleep(0.2)
+        return seen
 
     def tail(self, n: int = 3000) -> str:
         "The end of the SuperLink's log (where the ServerApp's errors appear)."
@@ -240,8 +249,9 @@ class LocalFederation:
         return p.read_text(errors="replace")[-n:] if p.exists() else ""
 
     def close(self) -> None:
-        for p in self.supernodes + ([self.superlink] if self.superlink else []):
-            _kill_tree(p)
+        "End every process this federation started (`BackendWatch.kill`) and give the signal handlers back."
+        if self._guard is not None: self._guard.restore()
+        self.watch.kill()
         for log in self._logs: log.close()
 
     def __exit__(self, *exc) -> None:
@@ -266,6 +276,7 @@ class LocalSimulation(LocalFederation):
         from fglit.core import require_installed
         require_installed("ray")      # the simulation engine's ClientApps run on Ray: without it the SuperLink fails in its own process and the run waits
         try:
+            self._own()
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--host", self.host,
                                                        "--port", str(self.port), "--disable-runtime-dependency-installation"])
@@ -274,3 +285,142 @@ class LocalSimulation(LocalFederation):
             self.close()
             raise
         return self
+
+# %% ../nbs/07_flower.ipynb #c0ffee02
+import os
+import psutil
+
+BACKEND_PROCESSES = {"flower-superexec": "Flower's SuperExec", "flwr-simulation": "Flower's simulation process (flwr-simulation)",
+                     "flwr-serverapp": "the ServerApp's process (flwr-serverapp)", "raylet": "Ray's raylet",
+                     "gcs_server": "Ray's GCS server"}
+LASTING_PROCESSES = {"flower-superexec"}          # lives as long as the SuperLink; the others are started for each run
+
+def _program(p) -> str:
+    "The program process `p` runs: the base name of its executable or script (`python .../flwr-simulation`: flwr-simulation)."
+    names = [Path(a).name for a in p.cmdline()[:2]]
+    return next((n for n in names if n in BACKEND_PROCESSES), names[0] if names else "")
+
+def _alive(p) -> bool:
+    "Whether psutil process `p` still runs (a zombie has ended)."
+    try: return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error: return False
+
+class BackendWatch:
+    """The processes a backend started under `roots()` (`Popen`s; the first is the SuperLink): their descendants, and every
+    process in a session one of them opened. `check()` says why the backend is broken (the SuperLink exited, or a process of
+    `BACKEND_PROCESSES` seen earlier died), or None; `kill()` ends every process."""
+    def __init__(self, roots, log):
+        self.roots, self.log = roots, Path(log)
+        self.own_session = os.getsid(0)
+        self.sessions: set[int] = set()
+        self.watched: dict = {}            # pid: (process, program, its log)
+        self.ignored: set[int] = set()
+
+    def processes(self) -> list:
+        "The live processes the backend started (psutil), roots included; notes the sessions they opened."
+        found = {}
+        for root in self.roots():
+            try:
+                top = psutil.Process(root.pid)
+                found.update({p.pid: p for p in [top] + top.children(recursive=True)})
+            except psutil.Error: pass
+        for pid in list(found):
+            try: sid = os.getsid(pid)
+            except OSError: continue
+            if sid != self.own_session: self.sessions.add(sid)
+        if self.sessions:
+            for p in psutil.process_iter():
+                try:
+                    if p.pid not in found and os.getsid(p.pid) in self.sessions: found[p.pid] = p
+                except (OSError, psutil.Error): pass
+        return [p for p in found.values() if p.pid != os.getpid() and _alive(p)]
+
+    def begin_run(self) -> None:
+        "Watch a new run: per-run processes alive now (a previous run's, ending) are not watched."
+        self.watched = {pid: w for pid, w in self.watched.items() if w[1] in LASTING_PROCESSES and _alive(w[0])}
+        self.ignored = set()
+        for p in self.processes():
+            try:
+                if _program(p) not in LASTING_PROCESSES: self.ignored.add(p.pid)
+            except psutil.Error: pass
+
+    def _log_of(self, p, program: str) -> str:
+        "Where `p` logs: Ray's session folder for Ray's processes, else the SuperLink's log (the others inherit its output)."
+        import re
+        found = re.search(r"(/\S*?/session_[^/\s]+)", " ".join(p.cmdline()))
+        return str(Path(found.group(1)) / "logs" / f"{program}.out") if found and program in ("raylet", "gcs_server") else str(self.log)
+
+    def check(self) -> str | None:
+        "Why the backend is broken (one line), or None."
+        superlink = self.roots()[0]
+        if superlink.poll() is not None:
+            return f"the SuperLink (pid {superlink.pid}) exited with code {superlink.returncode}; its log: {self.log}"
+        for p in self.processes():
+            if p.pid in self.watched or p.pid in self.ignored: continue
+            try:
+                program = _program(p)
+                if program in BACKEND_PROCESSES: self.watched[p.pid] = (p, program, self._log_of(p, program))
+            except psutil.Error: pass
+        for pid, (p, program, log) in self.watched.items():
+            if not _alive(p):
+                why = f"{BACKEND_PROCESSES[program]} (pid {pid}) died; its log: {log}"
+                return why if log == str(self.log) else f"{why}; the SuperLink's log: {self.log}"
+        return None
+
+    def kill(self, grace: float = 5.0, hard: bool = False) -> int:
+        "End every process: SIGTERM (`hard`: SIGKILL), then SIGKILL to any left after `grace` s; the roots are reaped. Returns how many were signalled."
+        count = 0
+        for _ in range(3):                 # a process started while the others stop is caught by the next pass
+            procs = self.processes()
+            if not procs: break
+            for p in procs:
+                try: p.kill() if hard else p.terminate()
+                except psutil.Error: pass
+            _, left = psutil.wait_procs(procs, timeout=grace)
+            for p in left:
+                try: p.kill()
+                except psutil.Error: pass
+            psutil.wait_procs(left, timeout=grace)
+            count += len(procs)
+        for root in self.roots():
+            try: root.wait(timeout=grace)
+            except Exception: pass
+        return count
+
+def _kill_tree(proc, grace: float = 5.0, hard: bool = False) -> None:
+    "Terminate `proc`, its descendants and the sessions they opened (SIGTERM, then SIGKILL after `grace` seconds; `hard`: SIGKILL at once)."
+    BackendWatch(lambda: [proc], "").kill(grace, hard)
+
+class SignalGuard:
+    """While installed, SIGINT and SIGTERM first call `stop()`, then act as the handler before did (SIGINT: `KeyboardInterrupt`;
+    SIGTERM by default: `SystemExit(143)`, through `finally` blocks); `stop()` also runs at interpreter exit. Only in the main thread;
+    an ignored signal stays ignored. `restore()` puts the previous handlers back."""
+    def __init__(self, stop):
+        self.stop, self.previous = stop, {}
+
+    def install(self) -> "SignalGuard":
+        import atexit, signal, threading
+        atexit.register(self.stop)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                before = signal.getsignal(sig)
+                if before in (signal.SIG_IGN, None): continue
+                self.previous[sig] = before
+                signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+        before = self.previous.get(signum)
+        self.restore()
+        self.stop()
+        if callable(before): return before(signum, frame)
+        if signum == signal.SIGINT: raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        import atexit, signal
+        atexit.unregister(self.stop)
+        for sig, before in self.previous.items():
+            if signal.getsignal(sig) == self._handle: signal.signal(sig, before)
+        self.previous = {}

@@ -213,3 +213,220 @@ def test_node_lost_during_secure_aggregation_is_a_dropout(shared_root):
     assert result.dropped[["round", "client", "what"]].values.tolist() == [[1, 3, "uplink.masked_input"]]
     assert set(result.runs[0].history.query("round == 2").client) == {0, 1, 2}
     assert 0 < result.scores().accuracy[0] <= 1
+
+
+# -- the backend's processes: a dead one ends the wait in one line; SIGINT / SIGTERM end them all (issue #58) ----------
+
+# A stand-in backend: `sleep`s named as Flower's and Ray's processes (bash's `exec -a`), in a session of their own, as
+# Flower's SuperExec opens one with setsid.
+FAKE_BACKEND = ("setsid bash -c '(exec -a raylet sleep 120) & (exec -a gcs_server sleep 120) & exec -a flower-superexec sleep 120' "
+                "& wait")
+
+
+def _fake_superlink():
+    import subprocess
+    return subprocess.Popen(["bash", "-c", FAKE_BACKEND], start_new_session=True)
+
+
+def _watching(watch, programs: int = 3):
+    "Wait until `watch` has seen the stand-in's processes; their pids by program."
+    for _ in range(100):
+        assert watch.check() is None
+        if len(watch.watched) == programs:
+            return {w[1]: pid for pid, w in watch.watched.items()}
+        time.sleep(0.1)
+    raise AssertionError(f"saw only {watch.watched}")
+
+
+def test_backend_watch_names_the_dead_process_and_kill_ends_its_sessions(tmp_path):
+    """`BackendWatch` names a watched process that dies (a zombie counts as dead), with its pid and log; `kill()` then ends
+    every process, including one that left the tree (its parent killed: reparented, found by its session)."""
+    import os, signal
+    from fglit.flower import BackendWatch
+    from _processes import left_alive, sessions_and_descendants
+    root = _fake_superlink()
+    watch = BackendWatch(lambda: [root], tmp_path / "superlink.log")
+    try:
+        pids = _watching(watch)
+        sessions, seen = set(), {}
+        sessions_and_descendants(os.getpid(), sessions, seen)
+        assert set(pids.values()) <= set(seen) and len(sessions) == 2     # the root's session and the setsid one
+        os.kill(pids["raylet"], signal.SIGKILL)
+        time.sleep(0.3)
+        assert watch.check() == f"Ray's raylet (pid {pids['raylet']}) died; its log: {tmp_path / 'superlink.log'}"
+        os.kill(pids["flower-superexec"], signal.SIGKILL)                  # gcs_server is now nobody's descendant here
+        time.sleep(0.3)
+        root.wait(timeout=10)                                              # the root's `wait` returned: no descendant is left
+        assert pids["gcs_server"] in {p.pid for p in watch.processes()}
+        t0 = time.monotonic()
+        assert watch.kill() == 1                                           # gcs_server, found by its session
+        assert time.monotonic() - t0 < 10 and root.returncode is not None
+        assert left_alive(seen, sessions, wait=2) == []
+    finally:
+        watch.kill(hard=True)
+
+
+class _FakeFederation:
+    "A `LocalFederation` whose SuperLink is the stand-in backend (no Flower process)."
+    def __new__(cls, workdir):
+        from fglit.flower import LocalFederation
+        class Fake(LocalFederation):
+            def __init__(self, workdir):
+                super().__init__(0, workdir)
+            def __enter__(self):
+                self._own()
+                self.superlink = _fake_superlink()
+                return self
+        return Fake(workdir)
+
+
+def test_wait_ends_in_seconds_with_one_line_when_the_backend_dies(tmp_path):
+    """`submit`'s wait (`wait_for`): the raylet stand-in SIGKILLed mid-wait ends it within seconds (the watch looks every
+    second, then waits 3 s for a result on its way) with a `FlowerRunError` whose first line names the raylet and the log;
+    a result that exists is returned at once, dead backend or not."""
+    import os, signal, threading
+    with _FakeFederation(tmp_path) as fed:
+        pids = _watching(fed.watch)
+        fed.watch.begin_run()                                   # as submit does: the per-run stand-ins are then not this run's
+        assert fed.watch.check() is None and set(w[1] for w in fed.watch.watched.values()) == {"flower-superexec"}
+        fed.watch.ignored.clear()                               # ... here they are
+        threading.Timer(2.0, os.kill, (pids["raylet"], signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(FlowerRunError) as err:
+            fed.wait_for(tmp_path / "result.pkl", timeout=120)
+        waited = time.monotonic() - t0
+        first = str(err.value).splitlines()[0]
+        assert 2 < waited < 12, waited
+        assert first == (f"the Flower backend failed before the run's result came: Ray's raylet (pid {pids['raylet']}) died; "
+                         f"its log: {tmp_path / 'superlink.log'}")
+        (tmp_path / "result.pkl").write_bytes(b"")
+        assert fed.wait_for(tmp_path / "result.pkl", timeout=120) == 0
+    assert fed.superlink.returncode is not None and fed.watch.processes() == []
+
+
+def test_a_superlink_that_exits_ends_the_wait(tmp_path):
+    with _FakeFederation(tmp_path) as fed:
+        _watching(fed.watch)
+        fed.superlink.kill()
+        with pytest.raises(FlowerRunError, match=rf"the SuperLink \(pid {fed.superlink.pid}\) exited with code -9; its log: "):
+            fed.wait_for(tmp_path / "result.pkl", timeout=120)
+
+
+def test_signal_handlers_are_installed_for_the_run_only(tmp_path):
+    "Inside the `with` block SIGINT and SIGTERM are fglit's; after it, the handlers from before (also after an error)."
+    import signal
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    with _FakeFederation(tmp_path) as fed:
+        assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == [fed._guard._handle] * 2
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+    with pytest.raises(RuntimeError):
+        with _FakeFederation(tmp_path / "b"):
+            raise RuntimeError
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+
+
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), pytest.param("SIGINT", -2, marks=pytest.mark.long)])
+def test_a_signal_ends_every_process_the_federation_started(sig, code, tmp_path):
+    """SIGTERM (exit status 143) or SIGINT (KeyboardInterrupt, which Python ends by SIGINT) to a process holding a federation open:
+    every process of the stand-in backend ends, including those in the session the stand-in SuperExec opened."""
+    import os, signal, subprocess, sys
+    from pathlib import Path
+    from _processes import left_alive, sessions_and_descendants
+    script = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from test_flower_faults import _FakeFederation, _watching\n"
+              f"with _FakeFederation({str(tmp_path)!r}) as fed:\n"
+              "    _watching(fed.watch); print('ready', flush=True); time.sleep(120)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        sessions, seen = set(), {}
+        sessions_and_descendants(child.pid, sessions, seen)
+        assert len(seen) >= 4 and len(sessions) == 2            # bash, flower-superexec, raylet, gcs_server; two sessions
+        t0 = time.monotonic()
+        child.send_signal(getattr(signal, sig))
+        assert child.wait(timeout=30) == code
+        assert time.monotonic() - t0 < 15
+        assert left_alive(seen, sessions, wait=2) == []
+    finally:
+        if child.poll() is None: os.killpg(child.pid, signal.SIGKILL)
+
+
+def _flower_sim_command(shared_root):
+    "`fglit run --backend flower-sim` (200 rounds: it is still running when the test acts), in its own session."
+    import os, subprocess, sys
+    from pathlib import Path
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (flwr[simulation])")
+    cmd = [str(Path(sys.executable).parent / "fglit"), "run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "2",
+           "--rounds", "200", "--backend", "flower-sim"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "FGLIT_DATA": str(shared_root), "OMP_NUM_THREADS": "1"})
+
+
+def _once_raylet_runs(child, sessions: set, seen: dict, limit: float = 300) -> int:
+    """Note what `child` starts until Ray's raylet runs; its pid. (The tests act seconds later, not after Ray's workers
+    start: under load a raylet can die by itself in its first 20 s, Ray's "Timed out waiting for file .../metrics_agent_port".)"""
+    import psutil
+    from _processes import sessions_and_descendants
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert child.poll() is None, child.communicate()[1][-3000:]
+        sessions_and_descendants(child.pid, sessions, seen)
+        for pid in seen:
+            try:
+                if psutil.Process(pid).cmdline()[0].endswith("/raylet"): return pid
+            except (psutil.Error, IndexError): pass
+        time.sleep(0.2)
+    raise AssertionError(f"no raylet within {limit}s")
+
+
+@pytest.mark.slow
+@pytest.mark.long      # a minute and more of Flower's simulation engine: `make test-long` (the same logic on a stand-in: above)
+def test_flower_sim_ends_in_one_line_when_its_raylet_dies(shared_root):
+    """Ray's raylet SIGKILLed in the middle of `fglit run --backend flower-sim`: the command ends within 30 s of the kill, with
+    exit status 2 and one line naming the raylet and its log, and no process it started is left (it used to wait 420-540 s)."""
+    import os, shutil, signal
+    from _processes import left_alive
+    child, sessions, seen = _flower_sim_command(shared_root), set(), {}
+    try:
+        raylet = _once_raylet_runs(child, sessions, seen)
+        time.sleep(3)                          # fglit's watch has seen it (it looks every second)
+        os.kill(raylet, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = child.communicate(timeout=60)
+        seconds = time.monotonic() - t0
+        lines = [line for line in err.splitlines() if line.strip()]
+        print(f"ended {seconds:.1f}s after the kill: {lines}")
+        assert seconds < 30 and child.returncode == 2
+        assert len(lines) == 1 and lines[0].startswith("fglit: error: FlowerRunError: the Flower backend failed before the run's result came: "
+                                                       f"Ray's raylet (pid {raylet}) died; its log: /"), lines
+        kept = lines[0].split("the SuperLink's log: ")[1]
+        assert kept.endswith("/superlink.log") and os.path.exists(kept)       # the working folder is kept for its log
+        shutil.rmtree(os.path.dirname(kept))
+        assert left_alive(seen, sessions) == []
+    finally:
+        if child.poll() is None: os.killpg(child.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_sigterm_to_flower_sim_ends_every_process_it_started(shared_root):
+    """SIGTERM to `fglit run --backend flower-sim` once Ray runs: it exits (status 143) and every process it started (the
+    SuperLink, the SuperExec in its own session, flwr-simulation, Ray's GCS server, raylet and agents) is gone."""
+    import os, signal
+    from _processes import left_alive
+    child, sessions, seen = _flower_sim_command(shared_root), set(), {}
+    try:
+        _once_raylet_runs(child, sessions, seen)
+        time.sleep(1)
+        from _processes import sessions_and_descendants
+        sessions_and_descendants(child.pid, sessions, seen)
+        count = len(seen)
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=60)
+        print(f"{count} processes; fglit ended {time.monotonic() - t0:.1f}s after SIGTERM")
+        assert child.returncode == 143 and count >= 8
+        assert left_alive(seen, sessions) == []
+    finally:
+        if child.poll() is None: os.killpg(child.pid, signal.SIGKILL)
