@@ -430,3 +430,14 @@ def test_sigterm_to_flower_sim_ends_every_process_it_started(shared_root):
         assert left_alive(seen, sessions) == []
     finally:
         if child.poll() is None: os.killpg(child.pid, signal.SIGKILL)
+
+
+def test_cli_prints_a_dead_backend_as_one_line(monkeypatch, capsys):
+    "`fglit run --backend flower-sim` prints the watch's FlowerRunError as one line (not the SuperLink log after it), exit 2."
+    import fglit.flower
+    from fglit.cli import main
+    why = "the Flower backend failed before the run's result came: Ray's raylet (pid 7) died; its log: /tmp/ray/raylet.out"
+    def dies(*a, **kw): raise FlowerRunError(f"{why}\nINFO: the SuperLink's log\nmore of it")
+    monkeypatch.setattr(fglit.flower, "run_flower_simulation", dies)
+    assert main(["run", "fedavg", "--dataset", "Cora", "--clients", "2", "--rounds", "1", "--backend", "flower-sim"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"fglit: error: FlowerRunError: {why}"]
