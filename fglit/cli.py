@@ -227,16 +227,39 @@ def _from_file(message: str, path, keys) -> str:
     named = next((k for k in keys if message.startswith((f"setting {k!r}", f"{k} ", f"unknown setting {k!r}"))), None)
     return f"--config {path}: {message}" if named else message
 
-def run_on_flower(args, settings: dict):
-    "`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result."
+def run_on_flower(args, settings: dict, out=None, overwrite: bool = False):
+    """`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result. With `out`,
+    the record is written seed by seed as each ends, and a rerun resumes: a seed recorded there is read, not run. (The run's
+    settings are known once its first seed ends, so the folder is checked and locked then; a complete record runs its last
+    seed again to check that it is this run's.)"""
     from dataclasses import replace
     import pandas as pd
     from fglit.flower import run_flower_simulation
+    from fglit.fl.results import RunRecord
     extra = {k: v for k, v in (("local_epochs", args.local_epochs), ("model", args.model)) if v is not None}
-    results = [run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds, seed=seed,
-                                     settings={**settings, **extra}, root=args.root) for seed in args.seeds]
-    return replace(results[0], runs=[r for res in results for r in res.runs],
-                   dropped=pd.concat([res.dropped.assign(seed=res.runs[0].seed) for res in results], ignore_index=True))
+    one = lambda seed: run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
+                                             seed=seed, settings={**settings, **extra}, root=args.root)
+    recorded = lambda seed: out is not None and not overwrite and (Path(out) / "seeds" / f"seed_{seed}.json").exists()
+    results, record, deferred = {}, None, []
+    try:
+        for seed in args.seeds:
+            if record is not None and seed in record.done: continue
+            if record is None and seed != args.seeds[-1] and recorded(seed): deferred.append(seed); continue
+            results[seed] = one(seed)
+            if out is not None and record is None:
+                record = RunRecord(out, replace(results[seed], runs=[]), args.seeds, overwrite).__enter__()
+            if record is not None: record.add(results[seed].runs[0])
+        if record is not None:
+            for seed in deferred:                       # a file that was there but is not this run's seed: run it after all
+                if seed not in record.done: results[seed] = one(seed); record.add(results[seed].runs[0])
+            if record.done.keys() - results.keys():
+                print(f"{out}: seed(s) {', '.join(map(str, sorted(record.done.keys() - results.keys())))} of this run are there already",
+                      file=sys.stderr)
+    finally:
+        if record is not None: record.__exit__()
+    first = results[min(results, key=args.seeds.index)]
+    runs = [results[s].runs[0] if s in results else record.done[s] for s in args.seeds]
+    return replace(first, runs=runs, dropped=pd.concat([res.dropped.assign(seed=s) for s, res in results.items()], ignore_index=True))
 
 def _named_dataset(dataset: str) -> None:
     "Refuse a file where the Flower backends need a dataset name (each node loads it from its own data root)."
@@ -286,9 +309,7 @@ def cmd_run(args) -> int:
                 raise UsageError("--pool trains one model on all the clients' nodes: it runs in process, not on Flower")
             if callback is not None:
                 raise UsageError("--log-csv and --log-tensorboard log the in-process loop; on Flower's engine use --out")
-            result = run_on_flower(args, settings)
-            if record["out"]:         # Flower's runs: the record is written when the run ends (the folder checked and locked then)
-                with RunRecord(record["out"], replace(result, runs=[]), result.seeds, record["overwrite"]) as r: r.write(result.runs)
+            result = run_on_flower(args, settings, **record)
         elif getattr(args, "partition_file", None):
             ds, parts = partitions_from_files(args)            # the dataset loaded once, for the files and the run
             result = run(args.algorithm, ds, parts, rounds=args.rounds,
@@ -478,11 +499,15 @@ def cmd_flower_app(args) -> int:
     host = args.superlink or "SUPERLINK_HOST:9092"
     tls_link = "--insecure" if args.insecure else "--ssl-ca-certfile ca.crt --ssl-certfile server.pem --ssl-keyfile server.key"
     tls_node = "--insecure" if args.insecure else "--root-certificates ca.crt"
+    secure = bool(run.settings.get("secure_aggregation") or run.settings.get("privacy", {}).get("secure_aggregation"))
+    keys = " key-folder=/path/to/keys-i" if secure else ""
+    provision = ("\n  keys (once):   python -c 'from fglit.secagg import provision_keys; provision_keys(\"keys\", "
+                 f"{run.clients})'; site i gets keys/client-i.key, directory.json, operator.pub") if secure else ""
     print(f"""
 next steps (see nbs/07_flower.ipynb, "Running fglit across machines"):
   server:        flower-superlink --host 0.0.0.0 --port {host.rsplit(':', 1)[-1]} --disable-runtime-dependency-installation {tls_link}
   client i:      FGLIT_DATA=/path/to/datasets flower-supernode --superlink {host} {tls_node} \\
-                     --node-config "partition-id=i num-partitions={run.clients}"     (i = 0..{run.clients - 1})
+                     --node-config "partition-id=i num-partitions={run.clients}{keys}"     (i = 0..{run.clients - 1}){provision}
   submit:        FLWR_HOME={args.flwr_home} flwr run {app} fglit --stream""")
     return 0
 

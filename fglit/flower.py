@@ -135,7 +135,8 @@ class LocalFederation:
         self.clients, self.workdir, self.host = clients, Path(workdir), host
         self.workdir.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])   # flower-superexec, flwr-clientapp, ...
-        self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.workdir / "flwr-home"), **(env or {})}
+        self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.workdir / "flwr-home"),
+                    "FGLIT_KEY_FOLDER": str(self.workdir / "keys"), **(env or {})}     # where the nodes read the operator's keys
         self.port = free_port(host)
         self.node_ports: list[int] = []
         self.superlink = None
@@ -146,6 +147,11 @@ class LocalFederation:
 
     @property
     def address(self) -> str: return f"{self.host}:{self.port}"
+
+    def _provision(self) -> None:
+        "As the operator: every client's identity key and the signed key directory (secure aggregation), unless `env` named a key folder of its own."
+        from fglit.secagg import provision_keys
+        if self.env["FGLIT_KEY_FOLDER"] == str(self.workdir / "keys"): provision_keys(self.workdir / "keys", self.clients)
 
     def _start(self, name: str, cmd: list[str]):
         import subprocess
@@ -174,6 +180,7 @@ class LocalFederation:
     def __enter__(self) -> "LocalFederation":
         try:
             self._own()
+            self._provision()
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--host", self.host, "--port", str(self.port),
                                                        "--disable-runtime-dependency-installation"])
@@ -277,6 +284,7 @@ class LocalSimulation(LocalFederation):
         require_installed("ray")      # the simulation engine's ClientApps run on Ray: without it the SuperLink fails in its own process and the run waits
         try:
             self._own()
+            self._provision()
             write_flwr_connection(self.env["FLWR_HOME"], self.address)
             self.superlink = self._start("superlink", [_bin("flower-superlink"), "--insecure", "--simulation", "--host", self.host,
                                                        "--port", str(self.port), "--disable-runtime-dependency-installation"])

@@ -100,6 +100,17 @@ def node_cid(context: Context) -> int:
 def _node_root(context: Context, run: FlowerRun) -> str | None:
     return str(context.node_config.get("data-root", "")) or run.root or None
 
+def _site_keys(context: Context, cid: int) -> tuple:
+    """This site's identity key and the operator's key directory (secure aggregation), from the node config's `key-folder`,
+    else `$FGLIT_KEY_FOLDER`: the SuperNode's own settings, never the server's messages."""
+    import os
+    from fglit.secagg import load_site_keys
+    folder = str(context.node_config.get("key-folder", "")) or os.environ.get("FGLIT_KEY_FOLDER", "")
+    if not folder:
+        raise ConfigError("secure aggregation needs the operator's keys on each SuperNode: write them with "
+                          "fglit.secagg.provision_keys and start the SuperNode with --node-config 'key-folder=FOLDER'")
+    return load_site_keys(folder, cid)
+
 def _save_client(context: Context, client, version: int) -> None:
     "Keep `client` (the node's `(fglit client, uplink half or None)`) in the node's state as version `version`."
     buf = io.BytesIO()
@@ -165,7 +176,7 @@ def _setup(message: Message, context: Context) -> Message:
     half = None
     if needs_uplink(config):
         from fglit.uplink import UplinkClient
-        half = UplinkClient(cid, algo, config, run.seed)
+        half = UplinkClient(cid, algo, config, run.seed, _site_keys(context, cid) if config.privacy.secure_aggregation else None)
     _save_client(context, (client, half), 0)
     return _reply(message, RecordDict({META: ConfigRecord(dict(
         cid=cid, dataset=ds.name, task=ds.task, num_features=ds.num_features, num_classes=ds.num_classes,

@@ -5,12 +5,15 @@
 # %% ../nbs/05_secagg.ipynb #c6627427
 from __future__ import annotations
 
+import json
 import math
+import os
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -31,7 +34,8 @@ from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 __all__ = ['RING_BITS', 'PRIME', 'STEPS', 'ACTIVE_THRESHOLD', 'SecAggError', 'ThresholdError', 'MessageRejected',
            'FixedPointOverflow', 'FixedPoint', 'derive_key', 'prg_words', 'shamir_share', 'shamir_reconstruct',
            'secagg_plus_degree', 'neighbour_graph', 'group_threshold', 'SecAggParams', 'SecAggClient', 'SecAggServer',
-           'SecAggResult', 'make_identities', 'run_protocol', 'client_step', 'secure_sum', 'view_contains']
+           'SecAggResult', 'make_identities', 'run_protocol', 'client_step', 'secure_sum', 'view_contains',
+           'KeyDirectory', 'provision_keys', 'load_site_keys']
 
 # %% ../nbs/05_secagg.ipynb #a03ea9d6
 class SecAggError(RuntimeError):
@@ -273,7 +277,8 @@ class SecAggClient:
         return self._body("masked_input", y=y.view(np.int64))
 
     def _survivors(self) -> Message:
-        return {"session": self.session, "round": self.rnd, "u3": np.array(sorted(self.u3), np.int64)}
+        "What a client signs in step 3: U3, and the threshold t it enforces (differential privacy calibrates its noise on t)."
+        return {"session": self.session, "round": self.rnd, "u3": np.array(sorted(self.u3), np.int64), "t": self.t}
 
     def consistency(self, survivors: Message) -> Message:
         "Step 3: the server's list U3 of clients that sent inputs, checked and signed (Bonawitz et al.'s ConsistencyCheck)."
@@ -502,3 +507,82 @@ def view_contains(view: list[Message], vector: np.ndarray, fixed: FixedPoint = F
     patterns = [v.tobytes(), v.astype(np.float32).tobytes(), enc.tobytes()]
     patterns += [enc[i:i + window].tobytes() for i in range(0, max(len(enc) - window, 0) + 1, window)]
     return any(p in blob for p in patterns if p)
+
+# %% ../nbs/05_secagg.ipynb #75d7ebd5
+def _raw_public(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
+    key = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+@dataclass(frozen=True)
+class KeyDirectory:
+    """Every client's identity (Ed25519 verification) key as the deployment's operator enrolled it, with the operator's
+    signature: the PKI of secure aggregation. A client gets it from the operator, never from the server."""
+    keys: dict                # {client id: raw 32-byte public key}
+    signature: bytes = b""
+
+    def body(self) -> bytes:
+        "The bytes the operator signs: every (client, key), in client order."
+        return json.dumps({"fglit key directory": {str(c): bytes(k).hex() for c, k in sorted(self.keys.items())}}).encode()
+
+    @classmethod
+    def signed(cls, keys: dict, operator: Ed25519PrivateKey) -> "KeyDirectory":
+        "The directory of `keys` ({client: raw public key}) signed with the operator's key."
+        keys = {int(c): bytes(k) for c, k in keys.items()}
+        return cls(keys, operator.sign(cls(keys).body()))
+
+    def verified(self, operator_public: bytes) -> "KeyDirectory":
+        "This directory, if its signature verifies under the operator's public key; `MessageRejected` if not."
+        try:
+            Ed25519PublicKey.from_public_bytes(bytes(operator_public)).verify(bytes(self.signature), self.body())
+        except (InvalidSignature, ValueError, TypeError):
+            raise MessageRejected("the key directory's signature does not verify under the operator's key (forged or "
+                                  "altered); aborting") from None
+        return self
+
+    def vouch(self, claimed: dict, cid: int) -> dict[int, Ed25519PublicKey]:
+        """The keys of the clients in `claimed` ({client: raw key}, as the server announced them) after checking each against
+        this directory; client `cid` aborts (`MessageRejected`) on a client not in it or a key that differs."""
+        out = {}
+        for c, key in sorted((int(c), bytes(k)) for c, k in claimed.items()):
+            if c not in self.keys:
+                raise MessageRejected(f"client {cid}: the server announced client {c}, who is not in the operator's key directory; aborting")
+            if key != self.keys[c]:
+                raise MessageRejected(f"client {cid}: the server's key for client {c} is not the one in the operator's key directory "
+                                      "(a server playing that client); aborting")
+            out[c] = Ed25519PublicKey.from_public_bytes(key)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({"keys": {str(c): bytes(k).hex() for c, k in sorted(self.keys.items())}, "signature": bytes(self.signature).hex()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "KeyDirectory":
+        d = json.loads(text)
+        return cls({int(c): bytes.fromhex(k) for c, k in d["keys"].items()}, bytes.fromhex(d["signature"]))
+
+def provision_keys(folder, clients: int) -> Path:
+    """The operator's step, out of band: an identity key per client (`client-<cid>.key`, readable by its owner only), the
+    directory of their public halves signed by a fresh operator key (`directory.json`) and that key's public half
+    (`operator.pub`). Each site gets its own key, the directory and `operator.pub`; the operator's private key is not kept."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    operator, identities = Ed25519PrivateKey.generate(), make_identities(range(clients))
+    for c, key in identities.items():
+        fd = os.open(folder / f"client-{c}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()))
+    (folder / "directory.json").write_text(KeyDirectory.signed({c: _raw_public(k) for c, k in identities.items()}, operator).to_json())
+    (folder / "operator.pub").write_text(_raw_public(operator).hex())
+    return folder
+
+def load_site_keys(folder, cid: int) -> tuple[Ed25519PrivateKey, KeyDirectory]:
+    "Client `cid`'s identity key and the operator's directory from `folder` (as `provision_keys` wrote it), both checked."
+    folder = Path(folder)
+    for name in (f"client-{cid}.key", "directory.json", "operator.pub"):
+        if not (folder / name).is_file():
+            raise ConfigError(f"secure aggregation: no {name} in the key folder {folder} (the operator writes it: fglit.secagg.provision_keys)")
+    identity = Ed25519PrivateKey.from_private_bytes((folder / f"client-{cid}.key").read_bytes())
+    directory = KeyDirectory.from_json((folder / "directory.json").read_text()).verified(bytes.fromhex((folder / "operator.pub").read_text().strip()))
+    if directory.keys.get(cid) != _raw_public(identity):
+        raise MessageRejected(f"client {cid}: the operator's directory does not list this site's identity key for client {cid}")
+    return identity, directory

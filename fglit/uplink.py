@@ -19,12 +19,12 @@ from .core import get_device
 from .fl.config import ConfigError
 from .fl.messages import Message, SumSpec, message_floats, message_nbytes
 from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
-from .secagg import (FixedPoint, SecAggClient, SecAggError, SecAggParams, SecAggResult, SecAggServer, client_step,
-                          run_protocol)
+from .secagg import (FixedPoint, KeyDirectory, MessageRejected, SecAggClient, SecAggError, SecAggParams, SecAggResult,
+                          SecAggServer, client_step, group_threshold, run_protocol)
 
 
 # %% auto #0
-__all__ = ['sum_spec', 'declared_spec', 'reply_layout', 'UplinkClient', 'Uplink']
+__all__ = ['sum_spec', 'declared_spec', 'reply_layout', 'UplinkClient', 'enrol_in_process', 'Uplink']
 
 # %% ../nbs/05a_uplink.ipynb #b59f3d57
 def sum_spec(algorithm, config=None) -> SumSpec:
@@ -63,14 +63,17 @@ def _privacy_flags(config) -> tuple[bool, bool]:
 # %% ../nbs/05a_uplink.ipynb #cd854529
 class UplinkClient:
     "A client's half of the uplink: it lives where the client lives and is the only party that sees the client's plain reply."
-    def __init__(self, cid: int, algorithm, config, seed: int):
+    def __init__(self, cid: int, algorithm, config, seed: int, keys: tuple | None = None):
+        """`keys`: `(identity key, KeyDirectory)` the operator provisioned for this site (`fglit.secagg.load_site_keys`); without
+        them the client makes its own identity key, and secure aggregation waits for `trust` (the in-process enrolment)."""
         self.cid, self.config, self.seed = cid, config, seed
         self.secure, self.dp = _privacy_flags(config)
         self.spec = declared_spec(algorithm) or SumSpec()
         self.params = SecAggParams(config.privacy.secagg_threshold, config.privacy.secagg_neighbours, config.privacy.secagg_frac_bits)
-        self.identity = Ed25519PrivateKey.generate() if self.secure else None
+        self.identity, self.directory = keys if keys is not None else (Ed25519PrivateKey.generate() if self.secure else None, None)
         self.held: tuple | None = None       # (round, download, reply) kept for secure aggregation
         self.session: SecAggClient | None = None
+        self.sent = 0                        # the last round whose masked input this client sent (one aggregation a round)
         self.uploads = self.clipped = 0      # DP: messages privatised, and how many of them the clip shrank
 
     def __getstate__(self) -> dict:
@@ -89,13 +92,21 @@ class UplinkClient:
         if self.identity is None: return b""
         return self.identity.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
+    def trust(self, directory: KeyDirectory, operator_public: bytes) -> None:
+        "Take the operator's key directory (checked against the operator's public key) as the only source of other clients' keys."
+        directory = directory.verified(operator_public)
+        if directory.keys.get(self.cid) != self.public_key():
+            raise MessageRejected(f"client {self.cid}: the operator's directory does not list this client's identity key")
+        self.directory = directory
+
     def privatize(self, rnd: int, reply: Message, down: Message, n: int) -> Message:
-        "`reply` clipped and noised as the algorithm's `SumSpec.dp` says; `n`: clients whose noise adds up (distributed DP)."
+        """`reply` clipped and noised as the algorithm's `SumSpec.dp` says, with std sigma*C/sqrt(n). `n`: how many clients'
+        noise the sum is sure to hold, as this client knows it itself (1 for local DP; its group's threshold t under secure aggregation)."""
         c, spec = self.config.privacy, self.spec
         gen = None               # the operating system's entropy: nothing printed or derivable from the run can regenerate it
         if c.dp_seeded_noise:    # research reruns only: the noise follows from the printed seed, so the run is not private
             gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, rnd, self.cid, 0xD9]).generate_state(1)[0]))
-        std = c.dp_noise * c.dp_clip / (math.sqrt(n) if self.secure else 1.0)
+        std = c.dp_noise * c.dp_clip / math.sqrt(n)
         fields = {k: v for k, v in _numeric_fields(reply).items() if k != spec.weight and k not in spec.public}
         out = dict(reply)
         if spec.dp == "update":
@@ -128,10 +139,12 @@ class UplinkClient:
         self.held = (rnd, down, reply)
         return {"layout": json.dumps(reply_layout(self._as_sent(reply))), "floats": message_floats(reply)}
 
-    def _vector(self, n_group: int, n_senders: int) -> np.ndarray:
-        "The held reply, privatised if DP is on, flattened in layout order (weighted fields times the weight), in the ring."
+    def _vector(self, n_group: int) -> np.ndarray:
+        """The held reply, privatised if DP is on, flattened in layout order (weighted fields times the weight), in the ring
+        (checked to fit a sum of `n_group`). DP's noise is sized by this client's own threshold t: it unmasks nothing unless
+        t members of its group, each noised by the same t (they signed it), are in the sum, so the sum's std is >= sigma*C."""
         rnd, down, reply = self.held
-        if self.dp: reply = self.privatize(rnd, reply, down, n_senders)
+        if self.dp: reply = self.privatize(rnd, reply, down, self.session.t)
         spec, fields = self.spec, _numeric_fields(reply)
         w = float(reply[spec.weight]) if spec.weight else 1.0
         parts = [fields[k].detach().double().cpu().reshape(-1).numpy() * (w if k in spec.weighted else 1.0) for k in sorted(fields)]
@@ -139,17 +152,33 @@ class UplinkClient:
         return FixedPoint(self.params.frac_bits).encode(x, n_group)
 
     def step(self, rnd: int, step: str, message: Message, context: dict) -> Message:
-        "This client's answer in one step of secure aggregation (`context`: the session, its group's size, the round's senders)."
+        """This client's answer in one step of secure aggregation (`context`: the session, the aggregation's size, and the keys
+        the server announces, each checked against the operator's directory before it is used)."""
         if self.held is None or self.held[0] != rnd:
             raise SecAggError(f"client {self.cid} holds no reply of round {rnd} to aggregate")
         if step == "advertise":
-            pki = {int(c): Ed25519PublicKey.from_public_bytes(bytes.fromhex(k)) for c, k in context["pki"].items()}
+            if self.sent == rnd:
+                raise SecAggError(f"client {self.cid} already sent its masked input of round {rnd}: it takes part in one aggregation "
+                                  "a round (a second one over other clients would isolate its noised input); aborting")
+            if self.directory is None:
+                raise SecAggError(f"client {self.cid} has no key directory from the operator: it takes no other client's key from "
+                                  "the server; aborting (give each site its keys: fglit.secagg.provision_keys)")
+            pki = self.directory.vouch({c: bytes.fromhex(k) for c, k in context["pki"].items()}, self.cid)
             self.session = SecAggClient(self.cid, self.identity, context["session"], rnd, self.params, pki)
-        x = self._vector(int(context["group"]), int(context["senders"])) if step == "masked_input" else None
+        x = self._vector(int(context["group"])) if step == "masked_input" else None
         out = client_step(self.session, step, message, x)
+        if step == "masked_input": self.sent = rnd
         if step == "unmask": self.held = self.session = None
         return out
 
+
+# %% ../nbs/05a_uplink.ipynb #3090e0c1
+def enrol_in_process(halves: dict) -> None:
+    "The operator's enrolment where every client is in this process: the halves' keys signed into a directory with a one-off operator key, handed to each half."
+    operator = Ed25519PrivateKey.generate()
+    directory = KeyDirectory.signed({cid: h.public_key() for cid, h in halves.items()}, operator)
+    public = operator.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    for h in halves.values(): h.trust(directory, public)
 
 # %% ../nbs/05a_uplink.ipynb #21dcaff5
 class Uplink:
@@ -165,15 +194,29 @@ class Uplink:
         self.params = SecAggParams(config.privacy.secagg_threshold, config.privacy.secagg_neighbours, config.privacy.secagg_frac_bits)
         self.pki: dict[int, Ed25519PublicKey] = {}
         self.session = uuid.uuid4().hex
-        self.accountant = None
-        if self.dp:
-            self.accountant = PrivacyAccountant(config.privacy.dp_delta, neighbouring=(
-                "add or remove one client (the sum of clipped contributions moves by at most C)" if self.secure else
-                "replace one client's data (its clipped upload moves by at most 2C)"),
-                observer="the server, which sees " + ("only the noised sum" if self.secure else "every upload")
-                         + " and which clients were selected (no amplification by sampling)")
+        # DP, one accountant per aggregation group (a client is in one group's sums): the noise multiplier each release is held
+        # to whichever clients the server keeps (`floors`), and the one in the sum this run released (`released`)
+        self.floors: dict[str, PrivacyAccountant] = {}
+        self.released: dict[str, PrivacyAccountant] = {}
         self.rounds: list[dict] = []
         self.last: list[SecAggResult] = []
+
+    def _account(self, group: str, floor: float, released: float) -> None:
+        "One release of `group`'s sum (or of every upload, for local DP): the noise multiplier it is held to, and the one it had."
+        for book, multiplier in ((self.floors, floor), (self.released, released)):
+            if group not in book:
+                book[group] = PrivacyAccountant(self.config.privacy.dp_delta, neighbouring=(
+                    "add or remove one client (the sum of clipped contributions moves by at most C)" if self.secure else
+                    "replace one client's data (its clipped upload moves by at most 2C)"),
+                    observer="the server, which sees " + ("only the noised sum of each group" if self.secure else "every upload")
+                             + " and which clients were selected (no amplification by sampling)")
+            book[group].step(multiplier, 1.0, self.config.privacy.dp_fraction)
+
+    def _group_label(self, key) -> str:
+        "A readable name for an aggregation group's key (`SumSpec.group`'s value): the model its clients run, where it is one."
+        if self.spec.group is None: return "all clients"
+        if key is None: return "clients on the server's model"
+        return f"clients on {key.name}" if hasattr(key, "name") else str(key)
 
     def register(self, public_keys: dict[int, bytes]) -> None:
         "The clients' identity keys (raw Ed25519 public keys), as the transport collected them at setup."
@@ -206,13 +249,13 @@ class Uplink:
         if not self.secure or not senders:
             for cid, m in sealed.items(): comm.append((rnd, cid, "up", message_nbytes(m), message_floats(m)))
             if self.dp and senders:      # local placement: noise sigma*C on an upload of sensitivity 2C
-                self.accountant.step(self.config.privacy.dp_noise / 2, 1.0, self.config.privacy.dp_fraction)
+                self._account("all clients", self.config.privacy.dp_noise / 2, self.config.privacy.dp_noise / 2)
             return dict(sealed)
         groups: dict = {}
         for cid in sorted(senders):
             groups.setdefault(self.spec.group(server, cid) if self.spec.group else None, []).append(cid)
         out, results, up, dn = {}, [], {}, {}
-        for cids in groups.values():
+        for key, cids in groups.items():
             layouts = {senders[c]["layout"] for c in cids}
             if len(layouts) > 1:
                 raise SecAggError(f"round {rnd}: clients {cids} sent replies of different fields or shapes; they cannot be summed")
@@ -223,20 +266,21 @@ class Uplink:
             if missing: raise SecAggError(f"no identity key registered for clients {missing}")
             server_side = SecAggServer(self.session, rnd, length, {c: self.pki[c] for c in cids}, self.params,
                                        FixedPoint(self.params.frac_bits), np.random.default_rng([self.seed, rnd, 0x6A]))
-            context = {"session": self.session, "group": len(cids), "senders": len(senders),
+            context = {"session": self.session, "group": len(cids),
                        "pki": {str(c): self.pki[c].public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
                                for c in cids}}
             res = run_protocol(server_side, cids, lambda step, messages: call(step, messages, context), before, after)
             out[min(res.included)] = self._unflatten(res.total, layout)
             results.append(res)
             for c in cids: up[c] = res.bytes_up[c]; dn[c] = res.bytes_down[c]
+            if self.dp:     # client u noised with std sigma*C/sqrt(t_u): the group's sum carries sigma*C*sqrt(sum 1/t_u) >= sigma*C
+                t = [group_threshold(len(res.server.graph[u]) + 1, self.params.threshold) for u in res.included]
+                sigma = self.config.privacy.dp_noise
+                self._account(self._group_label(key), sigma, sigma * math.sqrt(sum(1 / x for x in t)))
         for cid, m in sealed.items():
             comm.append((rnd, cid, "up", up.get(cid, 0), int(m["floats"]) if cid in up else 0))
             if dn.get(cid): comm.append((rnd, cid, "down", dn[cid], 0))
         included = sum(len(r.included) for r in results)
-        if self.dp:
-            # distributed placement: the noise left in the sum, sigma*C*sqrt(included/senders), on a sum of sensitivity C
-            self.accountant.step(self.config.privacy.dp_noise * math.sqrt(included / len(senders)), 1.0, self.config.privacy.dp_fraction)
         self.last = results
         self.rounds.append(dict(round=rnd, clients=len(senders), included=included,
                                 dropped_before=sum(len(r.dropped_before) for r in results),
@@ -260,11 +304,19 @@ class Uplink:
                        secagg_dropped_before=sum(r["dropped_before"] for r in self.rounds))
         if self.dp:
             share = None if clip_counts is None else (clip_counts[1] / clip_counts[0] if clip_counts[0] else 0.0)
+            groups = {g: a.report() for g, a in sorted(self.floors.items())}
+            weakest = max(groups, key=lambda g: groups[g]["epsilon"], default=None)
+            released = {g: a.report() for g, a in sorted(self.released.items())}
             out.update(dp_private=not c.dp_seeded_noise,
                        dp_noise_source="seeded from the run's seed: NOT PRIVATE (a research rerun)" if c.dp_seeded_noise
                                        else "the operating system's entropy (os.urandom)",
                        dp_noise=c.dp_noise, dp_clip=c.dp_clip, dp_fraction=c.dp_fraction, dp_mode=self.spec.dp,
                        dp_placement="distributed" if self.secure else "local", dp_public_fields=list(self.spec.public),
-                       dp_clipped_share=share, **self.accountant.report())
+                       dp_clipped_share=share, dp_weakest_group=weakest,
+                       dp_epsilon_groups={g: r["epsilon"] for g, r in groups.items()},
+                       dp_epsilon_this_run=max((r["epsilon"] for r in released.values()), default=0.0),
+                       dp_epsilon_groups_this_run={g: r["epsilon"] for g, r in released.items()},
+                       dp_noise_multiplier_groups_this_run={g: r["noise_multiplier_min"] for g, r in released.items()},
+                       **(groups[weakest] if weakest is not None else PrivacyAccountant(c.dp_delta).report()))
         return out
 

@@ -2,6 +2,7 @@
 node in a chosen round, answering as the SuperLink does for a dead SuperNode. Used by test_flower_faults.py and the
 Flower half of test_conformance.py."""
 import itertools
+import tempfile
 import uuid
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -9,6 +10,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from fglit.flower import client_app
+from fglit.secagg import provision_keys
 from _device import DEV, same_total_bytes, score_tolerance
 
 _RUN_IDS = itertools.count(1000)
@@ -22,7 +24,9 @@ class FakeGrid:
         self.run_id = next(_RUN_IDS)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = self.run_id, SUPERLINK_NODE_ID, 1   # as a ServerApp process
         self.nodes = {100 + cid: cid for cid in range(clients)}
-        self.contexts = {nid: Context(self.run_id, nid, {"partition-id": cid}, RecordDict(), {}) for nid, cid in self.nodes.items()}
+        self.keys = provision_keys(tempfile.mkdtemp(prefix="fglit-keys-"), clients)     # the operator's keys for secure aggregation
+        self.contexts = {nid: Context(self.run_id, nid, {"partition-id": cid, "key-folder": str(self.keys)}, RecordDict(), {})
+                         for nid, cid in self.nodes.items()}
         self.lose, self.silent = dict(lose or {}), silent
         self.replies: dict[str, Message] = {}
         self.received: list[tuple[int, str, int]] = []       # (cid, message type, round) of every message a node handled

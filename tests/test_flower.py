@@ -213,6 +213,26 @@ def test_simulation_without_ray_is_refused_before_anything_starts(monkeypatch, t
     assert getattr(sim, "superlink", None) is None and not any(tmp_path.iterdir())
 
 
+def _stand_in_engine(monkeypatch, fail_at=()) -> list:
+    """Stand in for Flower's simulation engine with the in-process run of each seed (a seed in `fail_at` raises instead, as a
+    run killed there); the calls it got, as a list that fills as the command runs."""
+    import dataclasses
+    import pandas as pd
+    import fglit.flower
+    from fglit.flower import DROPPED_COLUMNS, FlowerRunResult
+    calls = []
+
+    def stand_in(algorithm, dataset, partition, clients, rounds=None, seed=0, settings=None, root=None, **kw):
+        calls.append(dict(algorithm=algorithm, dataset=dataset, partition=str(partition), clients=clients, rounds=rounds, seed=seed,
+                          settings=settings, root=root))
+        if seed in fail_at: raise KeyboardInterrupt(f"stopped at seed {seed}")
+        res = run(algorithm, dataset, partition, clients, rounds=rounds, seeds=(seed,), settings=settings, root=root, progress=False)
+        return FlowerRunResult(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)}, backend="flower-sim",
+                               dropped=pd.DataFrame(columns=DROPPED_COLUMNS))
+    monkeypatch.setattr(fglit.flower, "run_flower_simulation", stand_in)
+    return calls
+
+
 def test_cli_backend_flower_sim_runs_each_seed_through_flowers_simulation(shared_root, monkeypatch, capsys):
     """`fglit run --backend flower-sim` hands each seed, with the command's settings, to `run_flower_simulation` and prints
     one result of all the seeds, as the in-process command prints its own (here the engine is stood in for by the
@@ -223,15 +243,7 @@ def test_cli_backend_flower_sim_runs_each_seed_through_flowers_simulation(shared
     import fglit.flower
     from fglit.cli import main
     from fglit.flower import DROPPED_COLUMNS, FlowerRunResult
-    calls = []
-
-    def stand_in(algorithm, dataset, partition, clients, rounds=None, seed=0, settings=None, root=None, **kw):
-        calls.append(dict(algorithm=algorithm, dataset=dataset, partition=str(partition), clients=clients, rounds=rounds, seed=seed,
-                          settings=settings, root=root))
-        res = run(algorithm, dataset, partition, clients, rounds=rounds, seeds=(seed,), settings=settings, root=root, progress=False)
-        return FlowerRunResult(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)}, backend="flower-sim",
-                               dropped=pd.DataFrame(columns=DROPPED_COLUMNS))
-    monkeypatch.setattr(fglit.flower, "run_flower_simulation", stand_in)
+    calls = _stand_in_engine(monkeypatch)
     args = ["run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2", "--seeds", "0", "1",
             "--local-epochs", "2", "--set", "lr=0.02", "--root", str(shared_root), "--json"]
     printed = []
@@ -243,6 +255,30 @@ def test_cli_backend_flower_sim_runs_each_seed_through_flowers_simulation(shared
                and c["rounds"] == 2 and c["settings"] == {"lr": 0.02, "local_epochs": 2} and c["root"] == str(shared_root) for c in calls)
     local, flower = printed
     assert flower["accuracy_mean"] == local["accuracy_mean"] and flower["bytes_up"] == local["bytes_up"] and flower["dropped"] == []
+
+
+def test_cli_backend_flower_sim_records_each_seed_as_it_ends_and_resumes(shared_root, monkeypatch, capsys, tmp_path):
+    """`--out` on Flower's engine: a run stopped at its third seed leaves the first two recorded; the same command again runs
+    the third alone, and the record equals that of an uninterrupted in-process run (the engine stood in for, as above)."""
+    import json
+    from fglit.cli import main
+    args = ["run", "fedavg", "--dataset", "Cora", "--partition", "louvain", "--clients", "3", "--rounds", "2", "--seeds", "0", "1", "2",
+            "--root", str(shared_root), "--quiet", "--out"]
+    assert main(args + [str(tmp_path / "local")]) == 0
+    calls = _stand_in_engine(monkeypatch, fail_at=(2,))
+    with pytest.raises(KeyboardInterrupt):
+        main(args + [str(tmp_path / "flower"), "--backend", "flower-sim"])
+    assert sorted(p.name for p in (tmp_path / "flower" / "seeds").iterdir()) == ["seed_0.json", "seed_1.json"]
+    assert [c["seed"] for c in calls] == [0, 1, 2]
+    calls = _stand_in_engine(monkeypatch)
+    capsys.readouterr()
+    assert main(args + [str(tmp_path / "flower"), "--backend", "flower-sim"]) == 0
+    assert [c["seed"] for c in calls] == [2] and "seed(s) 0, 1 of this run are there already" in capsys.readouterr().err
+    local, flower = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("local", "flower"))
+    assert [local[k] for k in ("accuracy_mean", "accuracy_std", "bytes_up")] == [flower[k] for k in ("accuracy_mean", "accuracy_std", "bytes_up")]
+    import pandas as pd
+    scores = [pd.read_csv(tmp_path / d / "scores.csv") for d in ("local", "flower")]
+    pd.testing.assert_frame_equal(*(t.drop(columns=[c for c in t if "second" in c or "time" in c]) for t in scores))   # wall times aside
 
 
 @pytest.mark.slow

@@ -147,7 +147,7 @@ def test_fedavg_and_fedproto_unchanged_under_secure_aggregation(shared_root):
         for sec in (False, True):
             params = {}
             r = run(algo, cora, "louvain", 5, rounds=2, local_epochs=1, seeds=[0], progress=False,
-                    settings={"secure_aggregation": sec, "secagg_dropout": 0.2 if sec else 0.0},
+                    settings={"secure_aggregation": True, "secagg_dropout": 0.2} if sec else {},
                     callback=lambda rnd, server, clients: params.update(p=getattr(server, "params", getattr(server, "protos", None)).clone()))
             out[sec] = (r.summary(), params["p"])
         assert torch.allclose(out[False][1].double(), out[True][1].double(), atol=1e-5), algo

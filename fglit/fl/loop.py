@@ -199,8 +199,9 @@ class InProcess(Transport):
         "The clients' uplink halves, if the run has an uplink (and the server's model, for pooled scoring)."
         self.server_spec, self.auc = spec, config.auc
         if needs_uplink(config):
-            from fglit.uplink import UplinkClient        # cryptography is imported only by runs that use it
+            from fglit.uplink import UplinkClient, enrol_in_process   # cryptography is imported only by runs that use it
             self.halves = {i: UplinkClient(i, algorithm, config, seed) for i in range(len(self.clients))}
+            if config.privacy.secure_aggregation: enrol_in_process(self.halves)   # this transport plays the operator, not the server
 
     def public_keys(self):
         return {i: h.public_key() for i, h in self.halves.items()}
