@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 
 from .catalogue import CATALOGUE, known_algorithms, known_models, partition_help   # plain data: no torch (06a_catalogue)
+from .run_inputs import (MAX_CLIENTS, PRIVACY_FLAGS, RUN_KEYS, UsageError, _check_paths, _check_run, _from_file,   # 06c_run_inputs
+                               _run_key, apply_config_file, load_run_config, parse_settings, privacy_settings)
 
-class UsageError(Exception):
-    "Input the user can correct (a bad parameter value): printed as one line, exit status 2."
 
 # %% auto #0
-__all__ = ['RUN_KEYS', 'DEFAULT_PARTITION', 'PRIVACY_FLAGS', 'MAX_CLIENTS', 'UsageError', 'cmd_datasets', 'parse_settings',
-           'load_run_config', 'apply_config_file', 'run_loggers', 'partitions_from_files', 'cmd_partition',
-           'privacy_settings', 'run_on_flower', 'cmd_run', 'print_result', 'cmd_algorithms', 'cmd_demo',
-           'cmd_reproduce', 'cmd_flower_app', 'cmd_flower_local', 'build_parser', 'main']
+__all__ = ['DEFAULT_PARTITION', 'cmd_datasets', 'run_loggers', 'partitions_from_files', 'cmd_partition', 'run_on_flower',
+           'cmd_run', 'print_result', 'cmd_algorithms', 'cmd_demo', 'cmd_reproduce', 'cmd_flower_app',
+           'cmd_flower_local', 'build_parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #59fbdbab
 def _print_table(df: pd.DataFrame, as_json: bool) -> None:
@@ -50,79 +49,6 @@ def cmd_datasets(args) -> int:
     return 0
 
 # %% ../nbs/06_cli.ipynb #3582262c
-def parse_settings(pairs: list[str] | None) -> dict:
-    "Turn `key=value` strings into a dict, reading each value as JSON when it parses (else as a string)."
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set expects key=value, got {pair!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-RUN_KEYS = {"dataset": "--dataset", "partition": "--partition", "clients": "--clients", "seeds": "--seeds", "pool": "--pool"}
-
-def load_run_config(path) -> dict:
-    """A `--config` file as one flat mapping: JSON, or YAML (`.yaml`/`.yml`); the keys of `--set` plus the run's
-    (`RUN_KEYS`, `algorithm`, `rounds`, ...). A nested `privacy` mapping (as older records have) is flattened."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--config: no file {p}")
-    try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(p.read_text())
-        else:
-            data = json.loads(p.read_text())
-    except Exception as err:        # bad JSON (a ValueError), bad YAML (yaml.YAMLError)
-        if not (isinstance(err, ValueError) or type(err).__module__.startswith("yaml")): raise
-        raise UsageError(f"--config {p}: cannot be read ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {p}: expected a mapping of settings, got {type(data).__name__}")
-    privacy = data.pop("privacy", None)
-    data = {**(privacy if isinstance(privacy, dict) else {}), **data}
-    if {"secure_aggregation", "dp_noise"} <= set(data):     # a record (`--out`'s config.json) lists every privacy setting, chosen or not
-        from fglit.fl.config import PrivacyConfig
-        fields = PrivacyConfig.__dataclass_fields__
-        data = {k: v for k, v in data.items() if not (k in fields and v == fields[k].default)}
-    return data
-
-def _run_key(path, key: str, value):
-    "A run key of a `--config` file, type-checked (the file and the key named when it is wrong)."
-    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
-    if key == "seeds":
-        seeds = [value] if whole(value) else value
-        if not isinstance(seeds, list) or not seeds or not all(whole(s) for s in seeds):
-            raise UsageError(f"--config {path}: `seeds` must be a list of integers such as [0, 1, 2], got {value!r}")
-        return seeds
-    if key == "clients" and not whole(value):
-        raise UsageError(f"--config {path}: `clients` must be an integer, got {value!r}")
-    if key in ("dataset", "partition") and not isinstance(value, str):
-        raise UsageError(f"--config {path}: `{key}` must be a name (a string), got {value!r}")
-    if key == "pool" and value is not None and not isinstance(value, str):
-        raise UsageError(f"--config {path}: `pool` must be one of {', '.join(CATALOGUE['pools'])} or null, got {value!r}")
-    return value
-
-def apply_config_file(args) -> dict:
-    "Read `args.config` (if any): the run's keys go to `args` unless typed as flags; returns the settings, which `--set` and flags override."
-    if not getattr(args, "config", None):
-        if getattr(args, "dataset", None) is None: raise UsageError("--dataset is required (or a --config file that names one)")
-        return {}
-    data = load_run_config(args.config)
-    algorithm = data.pop("algorithm", None)
-    if algorithm is not None and str(algorithm).lower() != args.algorithm.lower():
-        raise UsageError(f"--config {args.config} is a config for {algorithm}, not {args.algorithm}")
-    given = getattr(args, "given_flags", set())
-    for key, flag in RUN_KEYS.items():
-        if key in data:
-            value = _run_key(args.config, key, data.pop(key))
-            if flag not in given and not (key == "dataset" and args.dataset is not None): setattr(args, key, value)
-    if args.dataset is None: raise UsageError(f"--dataset is required: neither the command nor {args.config} names one")
-    return data
-
 def run_loggers(args, settings: dict | None = None):
     "The callback `--log-csv` / `--log-tensorboard` ask for (None without them); `--log-csv`'s rows carry the run's id (`_run_id`)."
     from fglit.fl.loop import CSVLogger, TensorBoardLogger
@@ -179,54 +105,6 @@ def cmd_partition(args) -> int:
     return 0
 
 # %% ../nbs/06_cli.ipynb #39d7be1d
-PRIVACY_FLAGS = {"secure_aggregation": "secure_aggregation", "secagg_dropout": "secagg_dropout", "secagg_dropout_before": "secagg_dropout_before",
-                 "secagg_neighbours": "secagg_neighbours", "secagg_threshold": "secagg_threshold", "dp_noise": "dp_noise",
-                 "dp_clip": "dp_clip", "dp_delta": "dp_delta", "dp_fraction": "dp_fraction"}
-
-def privacy_settings(args) -> dict:
-    "The config settings given by `run`'s secure-aggregation and DP flags: a number typed (0 too) is given; unset is None, a switch left off False."
-    return {key: v for flag, key in PRIVACY_FLAGS.items() for v in [getattr(args, flag, None)] if v is not None and v is not False}
-
-def _check_paths(args) -> None:
-    """Refuse, before the run starts, a path it would fail on: `--out` or `--log-tensorboard` naming a file (an existing
-    folder is fine), `--log-csv` naming a folder, a `--partition-file` that is a folder or missing, or a place not writable."""
-    import os
-    def writable(p: Path, flag: str) -> None:
-        q = p
-        while not q.exists() and q != q.parent: q = q.parent       # the nearest part of the path that exists
-        if not q.is_dir(): raise UsageError(f"{flag} {p}: {q} is a file, so no folder can be made under it")
-        if not os.access(q, os.W_OK | os.X_OK): raise UsageError(f"{flag} {p}: cannot write in {q} (permission denied)")
-    for flag, attr in (("--out", "out"), ("--log-tensorboard", "log_tensorboard")):
-        if getattr(args, attr, None):
-            p = Path(getattr(args, attr))
-            if p.exists() and not p.is_dir(): raise UsageError(f"{flag} {p}: is an existing file; {flag} names a folder")
-            writable(p, flag)
-    if getattr(args, "log_csv", None):
-        p = Path(args.log_csv)
-        if p.is_dir(): raise UsageError(f"--log-csv {p}: is a folder; --log-csv names a CSV file to append to")
-        writable(p.parent, "--log-csv")        # an existing file is fine: a repeated run rewrites it (in its folder, then renamed)
-    for f in getattr(args, "partition_file", None) or []:
-        if Path(f).is_dir(): raise UsageError(f"--partition-file {f}: is a folder, not a partition file (.npz or .json)")
-        if not Path(f).is_file(): raise UsageError(f"--partition-file {f}: no such file")
-
-MAX_CLIENTS = 10**6    # far above any federation simulated here; a typo's 10^12 would allocate per-client arrays first
-
-def _check_run(args) -> None:
-    "Refuse what `fglit run` can tell is wrong before loading anything: clients, seeds and paths."
-    from fglit.federation import ConfigError, check_seeds
-    if not 1 <= args.clients <= MAX_CLIENTS:
-        raise UsageError(f"--clients must be between 1 and {MAX_CLIENTS:,}, got {args.clients}")
-    try:
-        check_seeds(args.seeds)
-    except ConfigError as err:
-        raise UsageError(str(err)) from None
-    _check_paths(args)
-
-def _from_file(message: str, path, keys) -> str:
-    "`message` prefixed with the `--config` file when it is about one of the file's `keys` (not typed on the command line)."
-    named = next((k for k in keys if message.startswith((f"setting {k!r}", f"{k} ", f"unknown setting {k!r}"))), None)
-    return f"--config {path}: {message}" if named else message
-
 def run_on_flower(args, settings: dict, out=None, overwrite: bool = False):
     """`fglit run --backend flower-sim`: each seed through Flower's simulation engine (`fglit.flower`), one result. With `out`,
     the record is written seed by seed as each ends, and a rerun resumes: a seed recorded there is read, not run. (The run's

@@ -93,7 +93,7 @@ def test_secure_aggregation_depends_on_the_wire_format_and_config_only():
 
 
 def test_core_modules_import_only_earlier_core_modules():
-    order = ["messages", "config", "local_data", "protocol", "registry", "results", "loop"]
+    order = ["files", "messages", "config", "local_data", "protocol", "registry", "results", "loop"]   # files: plain file I/O, imports none of them
     graph = import_graph()
     for i, part in enumerate(order):
         core = {m for m in graph[f"fglit.fl.{part}"] if m.startswith("fglit.fl.")}
