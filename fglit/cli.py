@@ -118,18 +118,16 @@ def run_on_flower(args, settings: dict, out=None, overwrite: bool = False):
     one = lambda seed: run_flower_simulation(args.algorithm, args.dataset, args.partition, args.clients, rounds=args.rounds,
                                              seed=seed, settings={**settings, **extra}, root=args.root)
     recorded = lambda seed: out is not None and not overwrite and (Path(out) / "seeds" / f"seed_{seed}.json").exists()
-    results, record, deferred = {}, None, []
+    results, record = {}, None
     try:
         for seed in args.seeds:
             if record is not None and seed in record.done: continue
-            if record is None and seed != args.seeds[-1] and recorded(seed): deferred.append(seed); continue
+            if record is None and seed != args.seeds[-1] and recorded(seed): continue    # read back once the record is open
             results[seed] = one(seed)
             if out is not None and record is None:
                 record = RunRecord(out, replace(results[seed], runs=[]), args.seeds, overwrite).__enter__()
             if record is not None: record.add(results[seed].runs[0])
-        if record is not None:
-            for seed in deferred:                       # a file that was there but is not this run's seed: run it after all
-                if seed not in record.done: results[seed] = one(seed); record.add(results[seed].runs[0])
+        if record is not None:                          # a seed skipped above is this run's: RunRecord refuses another run's file
             if record.done.keys() - results.keys():
                 print(f"{out}: seed(s) {', '.join(map(str, sorted(record.done.keys() - results.keys())))} of this run are there already",
                       file=sys.stderr)

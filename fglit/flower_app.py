@@ -100,6 +100,16 @@ def node_cid(context: Context) -> int:
 def _node_root(context: Context, run: FlowerRun) -> str | None:
     return str(context.node_config.get("data-root", "")) or run.root or None
 
+def _node_floors(context: Context, config) -> None:
+    """Refuse a run whose privacy is below the floors the SuperNode's own config sets (`require-secure-aggregation`,
+    `min-dp-noise`): the run's settings come from the server, the floors do not."""
+    nc, p = context.node_config, config.privacy
+    if str(nc.get("require-secure-aggregation", "")).lower() in ("true", "1", "yes") and not p.secure_aggregation:
+        raise ConfigError("this SuperNode requires secure aggregation (its node config); the run has it off")
+    floor = float(nc.get("min-dp-noise", 0) or 0)
+    if p.dp_noise < floor:
+        raise ConfigError(f"this SuperNode requires dp_noise >= {floor:g} (its node config); the run asks for {p.dp_noise:g}")
+
 def _site_keys(context: Context, cid: int) -> tuple:
     """This site's identity key and the operator's key directory (secure aggregation), from the node config's `key-folder`,
     else `$FGLIT_KEY_FOLDER`: the SuperNode's own settings, never the server's messages."""
@@ -154,6 +164,7 @@ def _setup(message: Message, context: Context) -> Message:
         raise ConfigError(f"node client id {cid} is outside 0..{run.clients - 1}")
     algo = get_algorithm(run.algorithm)
     config, part_params = resolve_config(run.algorithm, meta["dataset"], meta["task"], run.partition, run.settings)
+    _node_floors(context, config)
     ds, part = _node_partition(run, part_params, _node_root(context, run))
     if ds.name != meta["dataset"]:
         raise ConfigError(f"the server runs {meta['dataset']}, this node loaded {ds.name}")
@@ -191,7 +202,7 @@ def _train(message: Message, context: Context) -> Message:
     with cpu_compute():
         reseed_torch(round_seed(seed, rnd, client.cid))
         reply = client.local_step(down, rnd)
-        if meta.get("seal"): reply = half.seal(rnd, down, reply)
+        if half is not None: reply = half.seal(rnd, down, reply)     # whatever the server's message says: no plain reply leaves a node with an uplink
     _save_client(context, (client, half), version + 1)
     return _reply(message, put_message(RecordDict(), reply))
 

@@ -471,7 +471,15 @@ def run_protocol(server: SecAggServer, ids: list[int], call: Callable, drop_befo
                         server.view, up, down, time.perf_counter() - start, server)
 
 def client_step(client: SecAggClient, step: str, message: Message, x: np.ndarray | None = None) -> Message:
-    "Client `client`'s answer to the server's `message` in `step` (`x`: its ring vector, for `masked_input`)."
+    """Client `client`'s answer to the server's `message` in `step` (`x`: its ring vector, for `masked_input`). Each step is
+    answered once and in order: a server that asks for a step again (a second masked input under the same masks would
+    reveal the difference of two inputs) or out of turn gets `MessageRejected`."""
+    if step not in STEPS: raise SecAggError(f"unknown secure-aggregation step {step!r}; the steps are {', '.join(STEPS)}")
+    done = getattr(client, "steps_done", 0)
+    if STEPS.index(step) != done:
+        raise MessageRejected(f"client {client.cid}: the server asked for {step!r} "
+                              + (f"after {STEPS[done - 1]!r}" if done else "first") + "; each step is answered once, in order: aborting")
+    client.steps_done = done + 1
     if step == "advertise": return client.advertise()
     if step == "share": return client.share_keys(message)
     if step == "masked_input": return client.masked_input(message, x)
@@ -569,6 +577,7 @@ def provision_keys(folder, clients: int) -> Path:
     operator, identities = Ed25519PrivateKey.generate(), make_identities(range(clients))
     for c, key in identities.items():
         fd = os.open(folder / f"client-{c}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)                 # a file that was there keeps its mode otherwise
         with os.fdopen(fd, "wb") as f:
             f.write(key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()))
     (folder / "directory.json").write_text(KeyDirectory.signed({c: _raw_public(k) for c, k in identities.items()}, operator).to_json())

@@ -156,6 +156,9 @@ class UplinkClient:
         the server announces, each checked against the operator's directory before it is used)."""
         if self.held is None or self.held[0] != rnd:
             raise SecAggError(f"client {self.cid} holds no reply of round {rnd} to aggregate")
+        if self.sent == rnd and step not in ("consistency", "unmask"):
+            raise SecAggError(f"client {self.cid} already sent its masked input of round {rnd}: it takes part in one aggregation "
+                              "a round (a second one would isolate its noised input); aborting")
         if step == "advertise":
             if self.sent == rnd:
                 raise SecAggError(f"client {self.cid} already sent its masked input of round {rnd}: it takes part in one aggregation "

@@ -190,3 +190,57 @@ def test_a_supernode_takes_its_keys_from_its_own_settings_never_from_the_server(
     provision_keys(tmp_path, 2)
     identity, directory = _site_keys(Context(1, 2, {"partition-id": 1, "key-folder": str(tmp_path)}, RecordDict(), {}), 1)
     assert directory.keys[1] == _raw_public(identity) and directory.keys[0] != directory.keys[1]
+
+
+def test_a_second_masked_input_under_the_same_masks_is_refused():
+    """Asked twice for its masked input in one session, a client would send y1 - y2 = its two noise draws' difference (the
+    masks cancel): it answers each step once, in order, and nothing but consistency and unmask once its input is sent."""
+    halves = _halves(4, {"dp_noise": 1.0, "dp_clip": 10.0})
+    pki = {c: h.identity.public_key() for c, h in halves.items()}
+    context = _context(pki, 4)
+    server = SecAggServer("s", 1, L + 1, pki, halves[0].params, FixedPoint(32), np.random.default_rng(0))
+    ids = list(range(4))
+    rosters = server.advertise([halves[c].step(1, "advertise", {}, context) for c in ids], ids)
+    forwarded = server.share([halves[c].step(1, "share", rosters[c], context) for c in ids])
+    with pytest.raises(MessageRejected, match="each step is answered once, in order"):
+        halves[0].step(1, "share", rosters[0], context)               # share again: new b and shares
+    first = halves[0].step(1, "masked_input", forwarded[0], context)
+    with pytest.raises(SecAggError, match="one aggregation a round"):
+        halves[0].step(1, "masked_input", forwarded[0], context)
+    session = SecAggClient(1, halves[1].identity, "s", 1, SecAggParams(), pki)
+    with pytest.raises(MessageRejected, match="first"):
+        client_step(session, "masked_input", forwarded[1], np.zeros(L + 1, np.uint64))   # out of turn
+    assert first["y"].shape == (L + 1,)
+
+
+def test_a_node_seals_every_reply_whatever_the_servers_message_says(shared_root, monkeypatch):
+    """A server that tells the nodes not to seal (`seal: False` in its train message) would get plain replies; a node with an
+    uplink seals regardless, so the ServerApp receives layouts and float counts only."""
+    from fglit.flower import FlowerRun, FlowerTransport, serve
+    from _flower_grid import FakeGrid
+    replies = []
+    real = FlowerTransport.train
+    def hostile(self, rnd, seed, messages, seal, show=False):
+        out = real(self, rnd, seed, messages, False, show)
+        replies.extend(out.values())
+        return out
+    monkeypatch.setattr(FlowerTransport, "train", hostile)
+    result = serve(FakeGrid(3), FlowerRun("fedavg", "cora", "louvain", 3, 0, {"rounds": 1, "secure_aggregation": True},
+                                          root=str(shared_root), timeout=30.0, wait_nodes=5.0))
+    assert len(replies) == 3 and all(set(r) == {"layout", "floats"} for r in replies)
+    assert result.summary()["privacy"]["secagg_rounds"] == 1
+
+
+def test_a_supernode_refuses_a_run_below_its_own_privacy_floors(shared_root):
+    from flwr.app import Context, RecordDict
+    from fglit.algorithms.fedavg import FedAvgConfig
+    from fglit.federation import ConfigError
+    from fglit.flower_app import _node_floors
+    node = lambda **nc: Context(1, 2, {"partition-id": 0, **nc}, RecordDict(), {})
+    plain = make_config(FedAvgConfig, {})
+    noised = make_config(FedAvgConfig, {"secure_aggregation": True, "dp_noise": 1.0})
+    with pytest.raises(ConfigError, match="requires secure aggregation"):
+        _node_floors(node(**{"require-secure-aggregation": True}), plain)
+    with pytest.raises(ConfigError, match="requires dp_noise >= 2"):
+        _node_floors(node(**{"min-dp-noise": 2.0}), noised)
+    _node_floors(node(**{"require-secure-aggregation": "true", "min-dp-noise": 0.5}), noised)     # at or above its floors: runs

@@ -405,7 +405,8 @@ class CSVLogger:
         "The rows of `table` (read as text) that this logger's `seed` wrote, in an earlier run or this one."
         if "seed" not in table: return pd.Series(False, index=table.index)
         mine = table["seed"] == str(seed)
-        return mine & (table["run"] == self.run) if self.run is not None and "run" in table else mine
+        if self.run is None: return mine
+        return mine & (table["run"] == self.run) if "run" in table else pd.Series(False, index=table.index)   # rows without run ids: not this run's
 
 class TensorBoardLogger:
     "A callback that writes each round's metrics as TensorBoard scalars under `log_dir` (needs the `tensorboard` package)."
