@@ -165,17 +165,22 @@ def test_epsilon_is_the_weakest_groups_and_each_group_agrees_with_dp_accounting(
         assert this_run[group] == pytest.approx(dp_accounting_epsilon(multiplier, rounds), rel=1e-3) and this_run[group] <= eps[group]
 
 
+def _until_shares(n: int) -> tuple:
+    "n enrolled DP halves through an honest advertise and share: (halves, context, server, rosters, forwarded shares)."
+    halves = _halves(n, {"dp_noise": 1.0, "dp_clip": 10.0})
+    pki = {c: h.identity.public_key() for c, h in halves.items()}
+    context = _context(pki, n)
+    server = SecAggServer("s", 1, L + 1, pki, halves[0].params, FixedPoint(32), np.random.default_rng(0))
+    rosters = server.advertise([halves[c].step(1, "advertise", {}, context) for c in range(n)], list(range(n)))
+    forwarded = server.share([halves[c].step(1, "share", rosters[c], context) for c in range(n)])
+    return halves, context, server, rosters, forwarded
+
+
 def test_a_client_takes_part_in_one_aggregation_a_round():
     """A server that runs a second aggregation of the same round over other clients could subtract the two sums and isolate
     one client's noised input: a client that already sent its masked input of a round aborts a second session."""
-    halves = _halves(4, {"dp_noise": 1.0, "dp_clip": 10.0})
-    pki = {c: h.identity.public_key() for c, h in halves.items()}
-    context = _context(pki, 4)
-    server = SecAggServer("s", 1, L + 1, pki, halves[0].params, FixedPoint(32), np.random.default_rng(0))
-    ids = list(range(4))
-    rosters = server.advertise([halves[c].step(1, "advertise", {}, context) for c in ids], ids)
-    forwarded = server.share([halves[c].step(1, "share", rosters[c], context) for c in ids])
-    server.masked_input([halves[c].step(1, "masked_input", forwarded[c], context) for c in ids])
+    halves, context, server, rosters, forwarded = _until_shares(4)
+    server.masked_input([halves[c].step(1, "masked_input", forwarded[c], context) for c in range(4)])
     with pytest.raises(SecAggError, match="one aggregation a round"):
         halves[0].step(1, "advertise", {}, {**context, "session": "again"})
 
@@ -195,19 +200,13 @@ def test_a_supernode_takes_its_keys_from_its_own_settings_never_from_the_server(
 def test_a_second_masked_input_under_the_same_masks_is_refused():
     """Asked twice for its masked input in one session, a client would send y1 - y2 = its two noise draws' difference (the
     masks cancel): it answers each step once, in order, and nothing but consistency and unmask once its input is sent."""
-    halves = _halves(4, {"dp_noise": 1.0, "dp_clip": 10.0})
-    pki = {c: h.identity.public_key() for c, h in halves.items()}
-    context = _context(pki, 4)
-    server = SecAggServer("s", 1, L + 1, pki, halves[0].params, FixedPoint(32), np.random.default_rng(0))
-    ids = list(range(4))
-    rosters = server.advertise([halves[c].step(1, "advertise", {}, context) for c in ids], ids)
-    forwarded = server.share([halves[c].step(1, "share", rosters[c], context) for c in ids])
+    halves, context, server, rosters, forwarded = _until_shares(4)
     with pytest.raises(MessageRejected, match="each step is answered once, in order"):
         halves[0].step(1, "share", rosters[0], context)               # share again: new b and shares
     first = halves[0].step(1, "masked_input", forwarded[0], context)
     with pytest.raises(SecAggError, match="one aggregation a round"):
         halves[0].step(1, "masked_input", forwarded[0], context)
-    session = SecAggClient(1, halves[1].identity, "s", 1, SecAggParams(), pki)
+    session = SecAggClient(1, halves[1].identity, "s", 1, SecAggParams(), {c: h.identity.public_key() for c, h in halves.items()})
     with pytest.raises(MessageRejected, match="first"):
         client_step(session, "masked_input", forwarded[1], np.zeros(L + 1, np.uint64))   # out of turn
     assert first["y"].shape == (L + 1,)
