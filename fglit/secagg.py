@@ -547,6 +547,12 @@ class KeyDirectory:
                                   "altered); aborting") from None
         return self
 
+    def lists(self, cid: int, identity: Ed25519PrivateKey) -> "KeyDirectory":
+        "This directory, if it lists `identity`'s public key for client `cid`; `MessageRejected` if not."
+        if self.keys.get(cid) != _raw_public(identity):
+            raise MessageRejected(f"client {cid}: the operator's directory does not list this client's identity key")
+        return self
+
     def vouch(self, claimed: dict, cid: int) -> dict[int, Ed25519PublicKey]:
         """The keys of the clients in `claimed` ({client: raw key}, as the server announced them) after checking each against
         this directory; client `cid` aborts (`MessageRejected`) on a client not in it or a key that differs."""
@@ -576,8 +582,7 @@ def provision_keys(folder, clients: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     operator, identities = Ed25519PrivateKey.generate(), make_identities(range(clients))
     for c, key in identities.items():
-        fd = os.open(folder / f"client-{c}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)                 # a file that was there keeps its mode otherwise
+        fd = os.open(folder / f"client-{c}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600); os.fchmod(fd, 0o600)   # (an old file keeps its mode otherwise)
         with os.fdopen(fd, "wb") as f:
             f.write(key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()))
     (folder / "directory.json").write_text(KeyDirectory.signed({c: _raw_public(k) for c, k in identities.items()}, operator).to_json())
@@ -592,6 +597,4 @@ def load_site_keys(folder, cid: int) -> tuple[Ed25519PrivateKey, KeyDirectory]:
             raise ConfigError(f"secure aggregation: no {name} in the key folder {folder} (the operator writes it: fglit.secagg.provision_keys)")
     identity = Ed25519PrivateKey.from_private_bytes((folder / f"client-{cid}.key").read_bytes())
     directory = KeyDirectory.from_json((folder / "directory.json").read_text()).verified(bytes.fromhex((folder / "operator.pub").read_text().strip()))
-    if directory.keys.get(cid) != _raw_public(identity):
-        raise MessageRejected(f"client {cid}: the operator's directory does not list this site's identity key for client {cid}")
-    return identity, directory
+    return identity, directory.lists(cid, identity)

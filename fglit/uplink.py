@@ -20,7 +20,7 @@ from .fl.config import ConfigError
 from .fl.messages import Message, SumSpec, message_floats, message_nbytes
 from .privacy import PrivacyAccountant, clip_l2, gaussian_mechanism
 from .secagg import (FixedPoint, KeyDirectory, MessageRejected, SecAggClient, SecAggError, SecAggParams, SecAggResult,
-                          SecAggServer, client_step, group_threshold, run_protocol)
+                          SecAggServer, _raw_public, client_step, group_threshold, run_protocol)
 
 
 # %% auto #0
@@ -89,15 +89,11 @@ class UplinkClient:
 
     def public_key(self) -> bytes:
         "The raw public half of this client's identity key (the server's PKI); empty without secure aggregation."
-        if self.identity is None: return b""
-        return self.identity.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return b"" if self.identity is None else _raw_public(self.identity)
 
     def trust(self, directory: KeyDirectory, operator_public: bytes) -> None:
         "Take the operator's key directory (checked against the operator's public key) as the only source of other clients' keys."
-        directory = directory.verified(operator_public)
-        if directory.keys.get(self.cid) != self.public_key():
-            raise MessageRejected(f"client {self.cid}: the operator's directory does not list this client's identity key")
-        self.directory = directory
+        self.directory = directory.verified(operator_public).lists(self.cid, self.identity)
 
     def privatize(self, rnd: int, reply: Message, down: Message, n: int) -> Message:
         """`reply` clipped and noised as the algorithm's `SumSpec.dp` says, with std sigma*C/sqrt(n). `n`: how many clients'
@@ -160,9 +156,6 @@ class UplinkClient:
             raise SecAggError(f"client {self.cid} already sent its masked input of round {rnd}: it takes part in one aggregation "
                               "a round (a second one would isolate its noised input); aborting")
         if step == "advertise":
-            if self.sent == rnd:
-                raise SecAggError(f"client {self.cid} already sent its masked input of round {rnd}: it takes part in one aggregation "
-                                  "a round (a second one over other clients would isolate its noised input); aborting")
             if self.directory is None:
                 raise SecAggError(f"client {self.cid} has no key directory from the operator: it takes no other client's key from "
                                   "the server; aborting (give each site its keys: fglit.secagg.provision_keys)")
@@ -180,8 +173,7 @@ def enrol_in_process(halves: dict) -> None:
     "The operator's enrolment where every client is in this process: the halves' keys signed into a directory with a one-off operator key, handed to each half."
     operator = Ed25519PrivateKey.generate()
     directory = KeyDirectory.signed({cid: h.public_key() for cid, h in halves.items()}, operator)
-    public = operator.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    for h in halves.values(): h.trust(directory, public)
+    for h in halves.values(): h.trust(directory, _raw_public(operator))
 
 # %% ../nbs/05a_uplink.ipynb #21dcaff5
 class Uplink:
@@ -270,7 +262,7 @@ class Uplink:
             server_side = SecAggServer(self.session, rnd, length, {c: self.pki[c] for c in cids}, self.params,
                                        FixedPoint(self.params.frac_bits), np.random.default_rng([self.seed, rnd, 0x6A]))
             context = {"session": self.session, "group": len(cids),
-                       "pki": {str(c): self.pki[c].public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+                       "pki": {str(c): _raw_public(self.pki[c]).hex()
                                for c in cids}}
             res = run_protocol(server_side, cids, lambda step, messages: call(step, messages, context), before, after)
             out[min(res.included)] = self._unflatten(res.total, layout)
